@@ -1,0 +1,184 @@
+"""Pydantic schema of a TOML recipe.
+
+A recipe is the whole description of a run: which policies exist and how they are served and trained,
+which tasks feed which workflow, which dataflow policies shape the data, how many rollout nodes run,
+how evaluation and logging work. Every section has defaults so a quickstart recipe stays short;
+unknown keys are errors (see :mod:`astraflow.recipe.loader` for the messages).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(Section):
+    name: str = Field(default="run", min_length=1, description="Run name; the run directory is output_dir/name")
+    output_dir: Path = Field(default=Path("runs"), description="Parent directory of run directories")
+    seed: int = Field(default=0, ge=0)
+    max_steps: int = Field(default=100, ge=1, description="Optimizer steps per trainable policy")
+    launcher: Literal["local", "ray"] = "local"
+    mode: Literal["async", "sync"] = Field(
+        default="async",
+        description="async: independent services (default); sync: lock-step baseline for comparison",
+    )
+    torch_threads: int = Field(default=1, ge=1, description="torch threads per process")
+
+    @property
+    def run_dir(self) -> Path:
+        return self.output_dir / self.name
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(default=32, ge=1, description="Max new tokens per turn")
+    stop: list[str] = Field(default_factory=list)
+
+
+class TrainerConfig(Section):
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo"] = "dapo"
+    learning_rate: float = Field(default=1e-5, gt=0.0)
+    groups_per_step: int = Field(default=8, ge=1, description="Groups per optimizer step")
+    beta: float = Field(default=0.0, ge=0.0, description="KL coefficient (0 disables the reference model)")
+    epsilon: float = Field(default=0.2, gt=0.0, description="PPO clip range (low)")
+    epsilon_high: float | None = Field(default=None, description="Upper clip range (DAPO clip-higher)")
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    importance_sampling_cap: float = Field(
+        default=2.0, gt=0.0, description="Truncation of the behaviour/current importance ratio"
+    )
+    max_grad_norm: float = Field(default=1.0, gt=0.0)
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    warmup_steps: int = Field(default=0, ge=0)
+    publish_every: int = Field(default=1, ge=1, description="Publish a weight version every k steps")
+    checkpoint_every: int = Field(default=20, ge=1)
+    keep_versions: int = Field(default=8, ge=1, description="Weight versions kept in the store")
+    device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    gradient_checkpointing: bool = False
+    extra: dict[str, Any] = Field(default_factory=dict, description="Passed to trl.GRPOConfig as is")
+
+
+class PolicyConfig(Section):
+    model: str = Field(
+        description="builtin:NAME, a Hugging Face model id or a local path", min_length=1
+    )
+    engine: Literal["transformers", "vllm", "openai"] = "transformers"
+    trainable: bool = True
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="Engine-specific settings (e.g. vllm python, base_url)"
+    )
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    max_lag: int | None = Field(
+        default=None, ge=0, description="Per-policy admission bound; defaults to dataflow.max_lag"
+    )
+
+
+class TaskSetConfig(Section):
+    name: str = Field(min_length=1, description="Task set name, e.g. arith, gsm8k, math500, mbpp")
+    split: str = "train"
+    weight: float = Field(default=1.0, gt=0.0, description="Mixing ratio relative to other sets")
+    limit: int | None = Field(default=None, ge=1)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class TasksConfig(Section):
+    env: str = Field(default="astraflow/Math-v0", description="Env id the tasks run in")
+    env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    sets: list[TaskSetConfig] = Field(
+        default_factory=lambda: [TaskSetConfig(name="arith")], min_length=1
+    )
+    group_size: int = Field(default=8, ge=1, le=1024)
+    epochs: int | None = Field(default=None, ge=1, description="Passes over the sets; None = unbounded")
+
+
+class WorkflowConfig(Section):
+    name: str = Field(default="single_agent", min_length=1)
+    roles: dict[str, str] = Field(
+        default_factory=lambda: {"agent": "policy"}, description="role -> policy name"
+    )
+    max_turns: int = Field(default=1, ge=1)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class DataflowPolicyConfig(Section):
+    name: str = Field(min_length=1)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class DataflowConfig(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
+    store: Path | None = Field(default=None, description="SQLite file; default run_dir/dataflow.db")
+    max_lag: int = Field(default=4, ge=0, description="Admission control: max versions behind")
+    lease_timeout_s: float = Field(default=120.0, gt=0.0)
+    heartbeat_interval_s: float = Field(default=2.0, gt=0.0)
+    max_body_mb: float = Field(default=64.0, gt=0.0)
+    policies: list[DataflowPolicyConfig] = Field(default_factory=list)
+
+
+class RolloutConfig(Section):
+    nodes: int = Field(default=1, ge=0, description="Rollout nodes started by the local launcher")
+    concurrency: int = Field(default=16, ge=1, description="Episodes in flight per node")
+    region: str = "local"
+    device: str = "auto"
+
+
+class EvaluationConfig(Section):
+    every_steps: int = Field(default=10, ge=0, description="0 disables periodic evaluation")
+    task_set: str | None = Field(default=None, description="Defaults to the first training set")
+    split: str = "test"
+    num_tasks: int = Field(default=200, ge=1)
+    max_tokens: int | None = None
+    at_start: bool = True
+
+
+class LoggingConfig(Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    live: bool = Field(default=True, description="Live rich view in `astraflow train`")
+    report: bool = Field(default=True, description="Write plots and summary at the end")
+    log_every: int = Field(default=1, ge=1)
+
+
+class Recipe(Section):
+    run: RunConfig = Field(default_factory=RunConfig)
+    policies: dict[str, PolicyConfig] = Field(min_length=1)
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
+    workflow: WorkflowConfig = Field(default_factory=WorkflowConfig)
+    dataflow: DataflowConfig = Field(default_factory=DataflowConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @field_validator("policies")
+    @classmethod
+    def _policy_names(cls, v: dict[str, PolicyConfig]) -> dict[str, PolicyConfig]:
+        for name in v:
+            if not name.replace("_", "").replace("-", "").isalnum():
+                raise ValueError(f"policy name {name!r} must be letters, digits, '-' or '_'")
+        return v
+
+    @model_validator(mode="after")
+    def _roles_map_to_policies(self) -> Recipe:
+        for role, policy in self.workflow.roles.items():
+            if policy not in self.policies:
+                known = ", ".join(sorted(self.policies))
+                raise ValueError(
+                    f"workflow.roles.{role} names policy {policy!r}, which is not defined; "
+                    f"defined policies: {known}"
+                )
+        return self
+
+    def trainable_policies(self) -> list[str]:
+        return [n for n, p in self.policies.items() if p.trainable]
+
+    def max_lag_for(self, policy: str) -> int:
+        p = self.policies[policy]
+        return self.dataflow.max_lag if p.max_lag is None else p.max_lag

@@ -1,0 +1,1 @@
+"""Rollout service: inference engines, workflows, the node loop and its weight client."""

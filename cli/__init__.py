@@ -1,0 +1,1 @@
+"""The ``astraflow`` command line (Typer). Heavy libraries are imported inside commands only."""

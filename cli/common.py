@@ -1,0 +1,32 @@
+"""Helpers shared by the CLI modules: console, errors, the 'not yet available' exit."""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+
+console = Console()
+err_console = Console(stderr=True)
+
+#: Exit code for a command whose capability is not available (yet) in this build.
+EXIT_UNAVAILABLE = 2
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def unavailable(what: str) -> NoReturn:
+    fail(f"{what} is not available in this build yet.", EXIT_UNAVAILABLE)
+
+
+def load_recipe_or_exit(path, overrides=None):
+    from astraflow.recipe import RecipeError, load_recipe
+
+    try:
+        return load_recipe(path, overrides or [])
+    except RecipeError as exc:
+        fail(str(exc))

@@ -1,0 +1,35 @@
+"""Entry point of the ``astraflow`` command.
+
+Sub-commands live in one module each; each module imports torch/transformers/trl only inside the
+command functions, so ``astraflow --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from cli import envs, eval as eval_cmd, models, recipe, report, serve, status, train
+
+app = typer.Typer(
+    name="astraflow",
+    help="AstraFlow: dataflow-oriented RL for agentic LLMs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("train", help="Train policies from a TOML recipe (starts every service).")(train.train)
+app.add_typer(eval_cmd.app, name="eval", help="Evaluate a policy on benchmarks (agentbench, ...).")
+app.add_typer(envs.app, name="envs", help="List, inspect and check environments.")
+app.add_typer(serve.app, name="serve", help="Run one service: dataflow, rollout or trainer.")
+app.command("status", help="Live view of a running job's dataflow service.")(status.status)
+app.add_typer(recipe.app, name="recipe", help="Validate and inspect recipes.")
+app.add_typer(models.app, name="models", help="Build and list built-in models.")
+app.command("report", help="Plots and summary of a run directory.")(report.report)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

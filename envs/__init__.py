@@ -1,0 +1,6 @@
+"""Gymnasium environments for agentic RL (math, code, search, agentbench) and their registry."""
+
+from envs.base import TaskError, TextEnv
+from envs.registry import EnvRegistry, EnvSpec, UnknownEnvError, default_registry, make_env
+
+__all__ = ["TaskError", "TextEnv", "EnvRegistry", "EnvSpec", "UnknownEnvError", "default_registry", "make_env"]

@@ -1,0 +1,1 @@
+"""Task sets: generators, bundled sets and loaders for real datasets, behind one interface."""
