@@ -6,9 +6,16 @@ from pathlib import Path
 
 import typer
 
-from cli.common import unavailable
+from cli.common import console, fail
 
 
 def report(run_dir: Path = typer.Argument(..., help="Run directory")) -> None:
-    """Write PNG plots and a markdown summary of a run."""
-    unavailable("`astraflow report`")
+    """Write PNG plots (reward, eval accuracy, throughput, staleness) and a markdown summary."""
+    from astraflow.launch.report import write_report
+
+    try:
+        out = write_report(run_dir)
+    except FileNotFoundError as exc:
+        fail(str(exc))
+    console.print(f"wrote {out / 'overview.png'} and {out / 'summary.md'}")
+    console.print((out / "summary.md").read_text(), markup=False)

@@ -1,19 +1,98 @@
-"""`astraflow train RECIPE`."""
+"""`astraflow train RECIPE`: the main job."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import typer
 
-from cli.common import load_recipe_or_exit, unavailable
+from cli.common import console, fail
 
 
 def train(
     recipe: Path = typer.Argument(..., help="TOML recipe"),
     set_: list[str] = typer.Option([], "--set", help="Override a key: a.b.c=value"),
-    resume: bool = typer.Option(False, "--resume", help="Continue a stopped run from its run directory"),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue a stopped run from its run directory"
+    ),
+    live: bool = typer.Option(
+        True, "--live/--no-live", help="Live view (off: one line per update)"
+    ),
+    timeout: float = typer.Option(0, help="Stop the run after this many seconds (0: no limit)"),
 ) -> None:
-    """Start the dataflow service, rollout nodes and trainers of a recipe and train."""
-    load_recipe_or_exit(recipe, set_)
-    unavailable("Training (`astraflow train`)")
+    """Start the dataflow service, rollout nodes and trainers of a recipe and train to max_steps."""
+    from rich.live import Live
+
+    from astraflow.launch.live import render_status
+    from astraflow.launch.local import LaunchError, LocalLauncher, install_sigint, prepare_run
+    from astraflow.recipe import RecipeError
+
+    try:
+        rec, run_dir = prepare_run(recipe, set_, resume)
+    except (RecipeError, LaunchError) as exc:
+        fail(str(exc))
+    if rec.run.launcher != "local":
+        fail(f"run.launcher = {rec.run.launcher!r}: only 'local' is available in this build", 2)
+    launcher = LocalLauncher(rec, run_dir, resume=resume)
+    install_sigint(launcher)
+    console.print(
+        f"[bold]astraflow[/] run [cyan]{rec.run.name}[/] → {run_dir}  (mode {rec.run.mode})"
+    )
+    started = time.time()
+    outcome = "interrupted"
+    try:
+        handle = launcher.start()
+        console.print(f"dataflow service at {handle.url}; logs in {run_dir / 'logs'}")
+        use_live = live and rec.logging.live and console.is_terminal
+        if use_live:
+            with Live(
+                render_status(None, handle.services, str(run_dir), started),
+                console=console,
+                refresh_per_second=2,
+            ) as view:
+                outcome = launcher.wait(
+                    lambda st, svcs: view.update(render_status(st, svcs, str(run_dir), started)),
+                    timeout_s=timeout or None,
+                )
+        else:
+            last = [0.0]
+
+            def line(st, svcs):
+                if st and time.time() - last[0] > 10:
+                    last[0] = time.time()
+                    parts = []
+                    for name, p in sorted((st.get("policies") or {}).items()):
+                        ev = (p.get("last_eval") or {}).get("accuracy")
+                        parts.append(
+                            f"{name}: step {p.get('step')} v{p.get('version')} reward {p.get('reward_mean')}"
+                            + (f" eval {ev:.3f}" if isinstance(ev, float) else "")
+                        )
+                    console.print(
+                        f"[{time.time() - started:6.0f}s] " + " | ".join(parts), highlight=False
+                    )
+
+            outcome = launcher.wait(line, timeout_s=timeout or None)
+    except LaunchError as exc:
+        launcher.stop()
+        fail(str(exc))
+    except KeyboardInterrupt:
+        console.print("[yellow]stopping (Ctrl-C)…[/]")
+    finally:
+        codes = launcher.stop()
+    console.print(f"run {outcome} in {time.time() - started:.0f}s; services exited: {codes}")
+    if outcome.startswith("failed"):
+        name = outcome.split(":", 1)[1]
+        log = run_dir / "logs" / f"{name}.log"
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:]) if log.exists() else ""
+        fail(f"service {name} failed; last lines of {log}:\n{tail}")
+    if rec.logging.report and outcome == "done":
+        try:
+            from astraflow.launch.report import write_report
+
+            out = write_report(run_dir)
+            console.print(f"report: {out}")
+        except Exception as exc:  # the run itself succeeded; a plotting problem must not hide that
+            console.print(f"[yellow]report failed: {exc}[/]")
+    if outcome == "timeout":
+        raise typer.Exit(3)

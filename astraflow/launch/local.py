@@ -1,0 +1,237 @@
+"""The local launcher: every service of a recipe as a subprocess on this machine.
+
+The launcher owns no training logic. It writes the resolved recipe into the run directory, starts
+the dataflow service, then the trainers and rollout nodes pointed at it, shows a live view read from
+``GET /status``, and stops everything in order when the run is done or the user presses Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from astraflow.launch.processes import Service, astraflow_argv, service_env
+from astraflow.recipe import Recipe, load_recipe, recipe_to_toml
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def next_free_run_dir(base: Path) -> Path:
+    """``base`` if unused, else ``base-2``, ``base-3``: re-running a recipe never clobbers a run."""
+    if not base.exists():
+        return base
+    i = 2
+    while (p := base.with_name(f"{base.name}-{i}")).exists():
+        i += 1
+    return p
+
+
+@dataclass
+class RunHandle:
+    run_dir: Path
+    url: str
+    token: str
+    services: list[Service] = field(default_factory=list)
+
+    def by_prefix(self, prefix: str) -> list[Service]:
+        return [s for s in self.services if s.name.startswith(prefix)]
+
+
+class LocalLauncher:
+    def __init__(
+        self, recipe: Recipe, run_dir: Path, resume: bool = False, startup_timeout_s: float = 120.0
+    ):
+        self.recipe = recipe
+        self.run_dir = run_dir
+        self.resume = resume
+        self.startup_timeout_s = startup_timeout_s
+        self.token = secrets.token_urlsafe(24)
+        self.handle: RunHandle | None = None
+
+    # ------------------------------------------------------------------ start
+    def start(self) -> RunHandle:
+        rd = self.run_dir
+        rd.mkdir(parents=True, exist_ok=True)
+        (rd / "logs").mkdir(exist_ok=True)
+        recipe_path = rd / "recipe.toml"
+        recipe_path.write_text(recipe_to_toml(self.recipe))
+        (rd / "run.json").write_text(json.dumps({"started": time.time(), "resume": self.resume}))
+        threads = self.recipe.run.torch_threads
+        env = service_env(self.token, threads)
+        url_file = rd / "dataflow.url"
+        url_file.unlink(missing_ok=True)
+        dataflow = Service(
+            "dataflow",
+            astraflow_argv(
+                "serve",
+                "dataflow",
+                "--recipe",
+                str(recipe_path),
+                "--store",
+                str(rd / "dataflow.db"),
+                "--host",
+                self.recipe.dataflow.host,
+                "--port",
+                str(self.recipe.dataflow.port),
+                "--port-file",
+                str(url_file),
+            ),
+            rd / "logs" / "dataflow.log",
+        ).start(env)
+        handle = RunHandle(rd, "", self.token, [dataflow])
+        self.handle = handle
+        handle.url = self._wait_for_url(url_file, dataflow)
+        self._wait_healthy(handle.url, dataflow)
+        for policy in self.recipe.trainable_policies():
+            argv = astraflow_argv(
+                "serve",
+                "trainer",
+                "--recipe",
+                str(recipe_path),
+                "--policy",
+                policy,
+                "--join",
+                handle.url,
+                "--run-dir",
+                str(rd),
+            )
+            if self.resume:
+                argv.append("--resume")
+            handle.services.append(
+                Service(f"trainer-{policy}", argv, rd / "logs" / f"trainer-{policy}.log").start(env)
+            )
+        for i in range(self.recipe.rollout.nodes):
+            argv = astraflow_argv(
+                "serve",
+                "rollout",
+                "--join",
+                handle.url,
+                "--recipe",
+                str(recipe_path),
+                "--name",
+                f"node-{i}",
+            )
+            handle.services.append(
+                Service(f"node-{i}", argv, rd / "logs" / f"node-{i}.log").start(env)
+            )
+        return handle
+
+    def _wait_for_url(self, url_file: Path, svc: Service) -> str:
+        deadline = time.time() + self.startup_timeout_s
+        while time.time() < deadline:
+            if url_file.exists() and url_file.read_text().strip():
+                return url_file.read_text().strip()
+            if not svc.alive():
+                raise LaunchError(f"dataflow service exited during start-up:\n{svc.tail()}")
+            time.sleep(0.1)
+        raise LaunchError(
+            f"dataflow service did not report its URL within {self.startup_timeout_s:.0f}s"
+        )
+
+    def _wait_healthy(self, url: str, svc: Service) -> None:
+        deadline = time.time() + self.startup_timeout_s
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if not svc.alive():
+                raise LaunchError(f"dataflow service exited during start-up:\n{svc.tail()}")
+            time.sleep(0.2)
+        raise LaunchError(
+            f"dataflow service at {url} not healthy within {self.startup_timeout_s:.0f}s"
+        )
+
+    # ------------------------------------------------------------------ watch
+    def status(self) -> dict | None:
+        assert self.handle
+        try:
+            r = httpx.get(
+                f"{self.handle.url}/status",
+                headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json"},
+                timeout=5.0,
+            )
+            return r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def wait(
+        self,
+        on_status: Callable[[dict | None, list[Service]], None] | None = None,
+        poll_s: float = 1.0,
+        timeout_s: float | None = None,
+    ) -> str:
+        """Block until the run is done. Returns 'done', 'failed:<service>' or 'timeout'."""
+        assert self.handle
+        start = time.time()
+        while True:
+            st = self.status()
+            if on_status:
+                on_status(st, self.handle.services)
+            trainers = self.handle.by_prefix("trainer-")
+            for svc in self.handle.services:
+                rc = svc.returncode()
+                if rc not in (None, 0):
+                    return f"failed:{svc.name}"
+            if svc_dead(self.handle.by_prefix("dataflow")):
+                return "failed:dataflow"
+            if trainers and all(t.returncode() == 0 for t in trainers):
+                return "done"
+            if not trainers and st and st.get("done"):
+                return "done"
+            if timeout_s is not None and time.time() - start > timeout_s:
+                return "timeout"
+            time.sleep(poll_s)
+
+    # ------------------------------------------------------------------ stop
+    def stop(self) -> dict[str, int | None]:
+        """Stop in dependency order: nodes, trainers, then the dataflow service."""
+        codes: dict[str, int | None] = {}
+        if not self.handle:
+            return codes
+        order = (
+            self.handle.by_prefix("node-")
+            + self.handle.by_prefix("trainer-")
+            + self.handle.by_prefix("dataflow")
+        )
+        for svc in order:
+            codes[svc.name] = svc.stop(timeout=30.0 if svc.name.startswith("node-") else 20.0)
+        return codes
+
+
+def svc_dead(services: list[Service]) -> bool:
+    return any(s.returncode() is not None for s in services)
+
+
+def prepare_run(recipe_path: Path, overrides: list[str], resume: bool) -> tuple[Recipe, Path]:
+    """Resolve the recipe and run directory; ``resume`` reuses the run's saved recipe."""
+    recipe = load_recipe(recipe_path, overrides)
+    base = recipe.run.run_dir
+    if resume:
+        if not (base / "recipe.toml").exists():
+            raise LaunchError(f"--resume: no run to resume at {base} (no recipe.toml there)")
+        saved = load_recipe(base / "recipe.toml", overrides)
+        return saved, base
+    run_dir = next_free_run_dir(base)
+    if run_dir != base:
+        recipe = recipe.model_copy(
+            update={"run": recipe.run.model_copy(update={"name": run_dir.name})}
+        )
+    return recipe, run_dir
+
+
+def install_sigint(launcher: LocalLauncher) -> None:
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)

@@ -1,0 +1,352 @@
+"""The rollout node loop: register, heartbeat, lease, run workflow groups, push, keep weights current.
+
+Every connection is outbound (to the dataflow service and to weight stores), so a node behind NAT in
+another region works unchanged. A node owns nothing durable: if it dies, its leases expire and other
+nodes redo the work; the dataflow service's first-finisher-wins rule keeps every task counted once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from astraflow.protocol import (
+    Episode,
+    Heartbeat,
+    Lease,
+    LeaseRelease,
+    LeaseRequest,
+    NodeRegistration,
+    Task,
+    TrajectoryPush,
+)
+from astraflow.rollout.workflows.base import RolePolicy, WorkflowSpec
+
+log = logging.getLogger("astraflow.rollout.node")
+
+
+class EngineFailure(RuntimeError):
+    """The inference engine is broken; the node stops taking work so its leases expire."""
+
+
+@dataclass
+class ServedPolicy:
+    """One policy this node serves: its engine and default sampling."""
+
+    name: str
+    engine: Any
+    sampling: Any
+    trainable: bool = True
+
+
+@dataclass
+class NodeStats:
+    episodes: int = 0
+    errors: int = 0
+    pushes: int = 0
+    tokens: int = 0
+    weight_updates: int = 0
+    started: float = field(default_factory=time.time)
+
+    def as_metrics(self) -> dict[str, float]:
+        elapsed = max(time.time() - self.started, 1e-6)
+        return {
+            "episodes": self.episodes,
+            "errors": self.errors,
+            "pushes": self.pushes,
+            "episodes_per_s": self.episodes / elapsed,
+            "tokens_per_s": self.tokens / elapsed,
+            "weight_updates": self.weight_updates,
+        }
+
+
+@dataclass
+class NodeSettings:
+    concurrency: int = 16
+    name: str = ""
+    region: str = "local"
+    #: workflow kwargs from the recipe (max_turns, system prompt ...)
+    workflow_kwargs: dict[str, Any] = field(default_factory=dict)
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: role -> policy name (recipe.workflow.roles)
+    roles: dict[str, str] = field(default_factory=dict)
+    drain_timeout_s: float = 60.0
+    idle_poll_s: float = 0.5
+
+
+class RolloutNode:
+    """Runs until the dataflow service says the run is done or the node is asked to stop."""
+
+    def __init__(
+        self,
+        client: Any,
+        policies: Mapping[str, ServedPolicy],
+        workflows: Callable[[str], WorkflowSpec],
+        make_env: Callable[[str, dict[str, Any]], Any],
+        settings: NodeSettings,
+        weight_fetcher: Callable[[str, str, int, int], Any] | None = None,
+    ):
+        self.client = client
+        self.policies = dict(policies)
+        self.workflows = workflows
+        self.make_env = make_env
+        self.settings = settings
+        self.weight_fetcher = weight_fetcher
+        self.stats = NodeStats()
+        self.node_id: str | None = None
+        self.heartbeat_s = 2.0
+        self.latest: dict[str, int] = {}
+        self.locations: dict[str, str] = {}
+        self._in_flight: dict[str, asyncio.Task] = {}
+        self._busy_slots = 0
+        self._stopping = asyncio.Event()
+        self._done = asyncio.Event()
+        self._failure: BaseException | None = None
+        self._weights_lock = asyncio.Lock()
+
+    # ---------------------------------------------------------------- lifecycle
+    def versions(self) -> dict[str, int]:
+        return {name: p.engine.version for name, p in self.policies.items()}
+
+    def request_stop(self) -> None:
+        """Graceful stop (SIGTERM): finish or release in-flight work, then deregister."""
+        self._stopping.set()
+
+    async def run(self) -> NodeStats:
+        reg = await self.client.register(
+            NodeRegistration(
+                name=self.settings.name,
+                policies=self.versions(),
+                concurrency=self.settings.concurrency,
+                region=self.settings.region,
+                engines={n: type(p.engine).__name__ for n, p in self.policies.items()},
+            )
+        )
+        self.node_id = reg.node_id
+        self.heartbeat_s = reg.heartbeat_interval_s
+        self.latest.update(reg.latest_versions)
+        log.info("registered as %s (heartbeat %.1fs)", self.node_id, self.heartbeat_s)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.request_stop)
+            except (NotImplementedError, RuntimeError):  # not main thread / platform
+                pass
+        workers = [
+            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+            asyncio.create_task(self._lease_loop(), name="lease"),
+        ]
+        try:
+            await self._wait_finished()
+        finally:
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            await self._drain()
+            if self._failure is None:
+                try:
+                    await self.client.deregister(self.node_id)
+                except Exception as exc:  # the service may already be gone at the end of a run
+                    log.info("deregister failed: %s", exc)
+        if self._failure is not None:
+            raise self._failure
+        return self.stats
+
+    async def _wait_finished(self) -> None:
+        stop = asyncio.create_task(self._stopping.wait())
+        done = asyncio.create_task(self._done.wait())
+        await asyncio.wait({stop, done}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        done.cancel()
+
+    async def _drain(self) -> None:
+        """Finish in-flight groups within the drain timeout; release what is left."""
+        if not self._in_flight:
+            return
+        pending = list(self._in_flight.values())
+        _, still = await asyncio.wait(pending, timeout=self.settings.drain_timeout_s)
+        if still:
+            ids = [lid for lid, t in self._in_flight.items() if t in still]
+            for t in still:
+                t.cancel()
+            await asyncio.gather(*still, return_exceptions=True)
+            if ids and self._failure is None:
+                try:
+                    await self.client.release(LeaseRelease(node_id=self.node_id, lease_ids=ids))
+                except Exception as exc:
+                    log.warning("could not release %d leases: %s", len(ids), exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = exc
+            log.error("node failing: %s", exc)
+        self._done.set()
+
+    # ---------------------------------------------------------------- heartbeat + weights
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            try:
+                reply = await self.client.heartbeat(
+                    self.node_id,
+                    Heartbeat(
+                        versions=self.versions(),
+                        in_flight=list(self._in_flight),
+                        metrics=self.stats.as_metrics(),
+                    ),
+                )
+                self.latest.update(reply.latest_versions)
+                self.locations.update(reply.weight_locations)
+                if reply.stop:
+                    self._done.set()
+                await self._sync_weights()
+            except asyncio.CancelledError:
+                raise
+            except EngineFailure as exc:
+                self._fail(exc)
+                return
+            except Exception as exc:  # network trouble: keep trying, leases may expire meanwhile
+                log.warning("heartbeat failed: %s", exc)
+            await asyncio.sleep(self.heartbeat_s)
+
+    async def _sync_weights(self) -> None:
+        """Bring every trainable policy's engine to the latest announced version."""
+        if self.weight_fetcher is None:
+            return
+        async with self._weights_lock:
+            for name, served in self.policies.items():
+                want = self.latest.get(name, 0)
+                have = served.engine.version
+                if want <= have or name not in self.locations:
+                    continue
+                t0 = time.perf_counter()
+                update = await asyncio.to_thread(
+                    self.weight_fetcher, name, self.locations[name], have, want
+                )
+                try:
+                    await served.engine.load_weights(update)
+                except Exception as exc:
+                    raise EngineFailure(
+                        f"engine for {name} failed to load version {want}: {exc}"
+                    ) from exc
+                self.stats.weight_updates += 1
+                log.info(
+                    "policy %s: v%d -> v%d (%s) in %.2fs",
+                    name,
+                    have,
+                    want,
+                    "delta" if getattr(update, "delta", None) is not None else "full",
+                    time.perf_counter() - t0,
+                )
+
+    # ---------------------------------------------------------------- leasing
+    async def _lease_loop(self) -> None:
+        while not self._stopping.is_set() and not self._done.is_set():
+            free = self.settings.concurrency - self._busy_slots
+            if free <= 0:
+                await asyncio.sleep(0.01)
+                continue
+            try:
+                grant = await self.client.lease(
+                    LeaseRequest(
+                        node_id=self.node_id, max_tasks=max(1, free), versions=self.versions()
+                    )
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("lease request failed: %s", exc)
+                await asyncio.sleep(self.settings.idle_poll_s)
+                continue
+            self.latest.update(grant.latest_versions)
+            if grant.done:
+                # wait for in-flight work, then leave
+                while self._in_flight:
+                    await asyncio.sleep(0.05)
+                self._done.set()
+                return
+            if not grant.leases:
+                if grant.reason and "lag" in grant.reason:
+                    try:
+                        await self._sync_weights()
+                    except EngineFailure as exc:
+                        self._fail(exc)
+                        return
+                    except Exception as exc:
+                        log.warning("weight sync failed: %s", exc)
+                await asyncio.sleep(self.settings.idle_poll_s)
+                continue
+            for lease in grant.leases:
+                slots = self._slots(lease.task)
+                self._busy_slots += slots
+                task = asyncio.create_task(self._run_lease(lease, slots), name=lease.id)
+                self._in_flight[lease.id] = task
+
+    def _slots(self, task: Task) -> int:
+        return min(task.group_size, self.settings.concurrency)
+
+    async def _run_lease(self, lease: Lease, slots: int) -> None:
+        try:
+            episodes = await self._run_group(lease.task)
+            push = TrajectoryPush(
+                idempotency_key=f"push-{lease.id}",
+                node_id=self.node_id,
+                lease_id=lease.id,
+                episodes=episodes,
+            )
+            result = await self.client.push(push)
+            self.stats.pushes += 1
+            if not result.accepted:
+                log.info("push for %s not accepted: %s", lease.id, result.reason)
+        except asyncio.CancelledError:
+            raise
+        except EngineFailure as exc:
+            self._fail(exc)
+        except Exception as exc:
+            log.exception("lease %s failed: %s", lease.id, exc)
+        finally:
+            self._busy_slots -= slots
+            self._in_flight.pop(lease.id, None)
+
+    async def _run_group(self, task: Task) -> list[Episode]:
+        spec = self.workflows(task.workflow)
+        roles = self.settings.roles or {r: r for r in spec.roles}
+        missing = [r for r in spec.roles if roles.get(r) not in self.policies]
+        if missing:
+            raise RuntimeError(f"node serves no policy for roles {missing} of workflow {spec.name}")
+        by_role = {}
+        for role in spec.roles:
+            served = self.policies[roles[role]]
+            by_role[role] = RolePolicy(
+                served.name, served.engine, served.sampling, served.trainable
+            )
+        kwargs = {**spec.defaults, **self.settings.workflow_kwargs, **self.settings.env_kwargs}
+        episodes = await asyncio.gather(
+            *(self._one_episode(spec, task, by_role, kwargs) for _ in range(task.group_size))
+        )
+        return list(episodes)
+
+    async def _one_episode(self, spec: WorkflowSpec, task: Task, by_role, kwargs) -> Episode:
+        try:
+            episode = await spec.fn(task, by_role, self.make_env, **kwargs)
+            self.stats.episodes += 1
+            self.stats.tokens += sum(len(t.tokens) for t in episode.trajectories)
+            return episode
+        except EngineFailure:
+            raise
+        except Exception as exc:
+            if _is_engine_dead(exc):
+                raise EngineFailure(str(exc)) from exc
+            self.stats.errors += 1
+            log.warning("episode of %s failed: %s: %s", task.id, type(exc).__name__, exc)
+            return Episode(
+                task_id=task.id, finish_reason="error", error=f"{type(exc).__name__}: {exc}"[:8000]
+            )
+
+
+def _is_engine_dead(exc: BaseException) -> bool:
+    return type(exc).__name__ in {"EngineDeadError", "EngineFailure"}

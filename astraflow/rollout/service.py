@@ -1,0 +1,113 @@
+"""`astraflow serve rollout`: build engines for the recipe's policies and run a node until done.
+
+A node needs only the dataflow URL and the run token: it reads the run's recipe from the service
+(``GET /recipe``), so a node started by hand in another region joins with two arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from astraflow.recipe import Recipe
+
+log = logging.getLogger("astraflow.rollout")
+
+
+@dataclass
+class NodeOptions:
+    join: str
+    token: str
+    policies: list[str] = field(default_factory=list)  # empty = every policy the workflow uses
+    engine: str | None = None  # override the recipe's engine kind
+    concurrency: int | None = None
+    device: str | None = None
+    name: str = ""
+    region: str | None = None
+    torch_threads: int = 1
+
+
+def _sampling(policy_cfg):
+    from astraflow.rollout.engines import SamplingParams
+
+    s = policy_cfg.sampling
+    return SamplingParams(
+        temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, stop=tuple(s.stop)
+    )
+
+
+def build_policies(recipe: Recipe, opts: NodeOptions) -> dict[str, Any]:
+    """One engine per policy the workflow's roles need (optionally filtered by ``--policies``)."""
+    from astraflow.models import resolve_model
+    from astraflow.rollout.engines import make_engine
+    from astraflow.rollout.node import ServedPolicy
+
+    wanted = set(recipe.workflow.roles.values())
+    if opts.policies:
+        unknown = sorted(set(opts.policies) - set(recipe.policies))
+        if unknown:
+            raise ValueError(
+                f"--policies names unknown policies {unknown}; recipe has {sorted(recipe.policies)}"
+            )
+        wanted &= set(opts.policies)
+    served = {}
+    for name in sorted(wanted):
+        cfg = recipe.policies[name]
+        kind = opts.engine or cfg.engine
+        args = dict(cfg.engine_args)
+        if kind == "transformers":
+            args.setdefault("device", opts.device or recipe.rollout.device)
+            args.setdefault("num_threads", opts.torch_threads)
+        engine = make_engine(kind, resolve_model(cfg.model), **args)
+        served[name] = ServedPolicy(name, engine, _sampling(cfg), cfg.trainable)
+    return served
+
+
+def run_node(opts: NodeOptions, recipe: Recipe | None = None) -> int:
+    return asyncio.run(_run(opts, recipe))
+
+
+async def _run(opts: NodeOptions, recipe: Recipe | None) -> int:
+    from astraflow.protocol.client import DataflowClient
+    from astraflow.rollout.node import NodeSettings, RolloutNode
+    from astraflow.rollout.workflows import default_workflows
+    from astraflow.weights import WeightClient
+    from envs import default_registry
+
+    client = DataflowClient(opts.join, opts.token)
+    try:
+        await client.healthz()
+        if recipe is None:
+            recipe = await client.recipe()
+        policies = build_policies(recipe, opts)
+        workflows = default_workflows()
+        envs = default_registry()
+
+        def make_env(env_id: str, kwargs: dict[str, Any]):
+            return envs.make(env_id, **{**recipe.tasks.env_kwargs, **kwargs})
+
+        weight_clients: dict[str, Any] = {}
+
+        def fetch(policy: str, location: str, have: int, want: int):
+            wc = weight_clients.get(location)
+            if wc is None:
+                wc = weight_clients[location] = WeightClient(location, opts.token)
+            return wc.fetch_update(policy, have_version=have, want_version=want)
+
+        settings = NodeSettings(
+            concurrency=opts.concurrency or recipe.rollout.concurrency,
+            name=opts.name,
+            region=opts.region or recipe.rollout.region,
+            workflow_kwargs={"max_turns": recipe.workflow.max_turns, **recipe.workflow.kwargs},
+            roles=dict(recipe.workflow.roles),
+        )
+        node = RolloutNode(client, policies, workflows.get, make_env, settings, fetch)
+        stats = await node.run()
+        log.info("node done: %s", stats.as_metrics())
+        for p in policies.values():
+            await p.engine.close()
+        return 0
+    finally:
+        await client.aclose()

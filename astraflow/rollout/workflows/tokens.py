@@ -1,0 +1,81 @@
+"""Growing one token sequence across turns without re-tokenizing history.
+
+Each turn appends the tokens the engine generated (exactly as generated) and then the environment's
+observation rendered once by the chat template. Re-rendering the whole conversation from text would
+drift from the generated ids and break the behaviour log-probs the trainer relies on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+_PROBE = "\u2063PROBE\u2063"
+
+
+@dataclass
+class ChatRenderer:
+    """Renders the turn boundaries of a tokenizer's chat template as token ids."""
+
+    tokenizer: Any
+    system: str | None = None
+    _after_assistant: str | None = field(default=None, init=False)
+
+    def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None):
+            return tok.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        # No template (base model): plain text turns.
+        text = "".join(m["content"] + "\n" for m in messages)
+        return text
+
+    def _base(self) -> list[dict[str, str]]:
+        return [{"role": "system", "content": self.system}] if self.system else []
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def prompt_ids(self, first_observation: str) -> list[int]:
+        """Ids of the conversation start up to the assistant's first generation."""
+        text = self._render(self._base() + [{"role": "user", "content": first_observation}], True)
+        return self.encode(text)
+
+    def after_assistant_text(self) -> str:
+        """What the template writes after an assistant message's content (end marker, newline)."""
+        if self._after_assistant is None:
+            msgs = self._base() + [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": _PROBE},
+            ]
+            text = self._render(msgs, False)
+            self._after_assistant = text.split(_PROBE, 1)[1] if _PROBE in text else ""
+        return self._after_assistant
+
+    def observation_ids(
+        self, observation: str, generated_ids: list[int], role: str = "user"
+    ) -> list[int]:
+        """Ids that close the assistant turn (if the engine did not), add ``observation`` as a new
+        message of ``role`` and open the next assistant turn."""
+        tok = self.tokenizer
+        closing = self.after_assistant_text()
+        eos = tok.eos_token
+        if (
+            generated_ids
+            and eos
+            and generated_ids[-1] == tok.eos_token_id
+            and closing.startswith(eos)
+        ):
+            closing = closing[len(eos) :]
+        probe = self._base() + [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": _PROBE},
+        ]
+        before = self._render(probe, False)
+        after = self._render(probe + [{"role": role, "content": observation}], True)
+        if after.startswith(before):
+            turn = after[len(before) :]
+        else:  # template does not render incrementally; fall back to rendering the message alone
+            turn = self._render([{"role": role, "content": observation}], True)
+        return self.encode(closing + turn)
