@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import typer
 
-from cli import envs, eval as eval_cmd, models, recipe, report, serve, status, train
+from cli import envs, models, recipe, report, serve, status, train
+from cli import eval as eval_cmd
 
 app = typer.Typer(
     name="astraflow",

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
-from cli.common import console, load_recipe_or_exit
+from cli.common import console, err_console, load_recipe_or_exit
 
 app = typer.Typer(help="Validate and inspect TOML recipes.", no_args_is_help=True)
 
@@ -16,11 +17,28 @@ def check(
     files: list[Path] = typer.Argument(..., help="Recipe files to validate"),
     set_: list[str] = typer.Option([], "--set", help="Override a key: a.b.c=value"),
 ) -> None:
-    """Validate recipes; exit non-zero with messages naming each bad key."""
+    """Validate recipes; exit 1 after reporting every bad file, naming each bad key."""
+    from astraflow.recipe import RecipeError, load_recipe
+
+    failed = 0
     for f in files:
-        recipe = load_recipe_or_exit(f, set_)
+        try:
+            recipe = load_recipe(f, set_)
+        except RecipeError as exc:
+            failed += 1
+            err_console.print(
+                f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
+            )
+            continue
         trainable = ", ".join(recipe.trainable_policies()) or "none"
-        console.print(f"[green]ok[/] {f}  (policies: {', '.join(recipe.policies)}; trainable: {trainable})")
+        console.print(
+            f"[green]ok[/] {escape(str(f))}  (policies: {', '.join(recipe.policies)}; "
+            f"trainable: {trainable})",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if failed:
+        raise typer.Exit(1)
 
 
 @app.command()

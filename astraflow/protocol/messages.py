@@ -33,13 +33,17 @@ class NodeRegistered(WireModel):
 
 class Heartbeat(WireModel):
     versions: dict[str, int] = Field(default_factory=dict)
-    in_flight: list[str] = Field(default_factory=list, description="Lease ids still being worked on")
+    in_flight: list[str] = Field(
+        default_factory=list, description="Lease ids still being worked on"
+    )
     metrics: dict[str, float] = Field(default_factory=dict)
 
 
 class HeartbeatReply(WireModel):
     latest_versions: dict[str, int] = Field(default_factory=dict)
-    renewed: list[str] = Field(default_factory=list, description="Leases whose deadline was extended")
+    renewed: list[str] = Field(
+        default_factory=list, description="Leases whose deadline was extended"
+    )
     lost: list[str] = Field(
         default_factory=list, description="Leases no longer held (expired and finished elsewhere)"
     )
@@ -51,6 +55,9 @@ class LeaseRequest(WireModel):
     node_id: str
     max_tasks: int = Field(ge=1, le=4096)
     versions: dict[str, int] = Field(description="Weight version held per policy")
+    idempotency_key: str | None = Field(
+        default=None, max_length=128, description="A retry with the same key gets the same leases"
+    )
 
 
 class LeaseGrant(WireModel):
@@ -58,6 +65,9 @@ class LeaseGrant(WireModel):
     reason: str | None = Field(default=None, description="Why fewer tasks than asked were granted")
     latest_versions: dict[str, int] = Field(default_factory=dict)
     done: bool = Field(default=False, description="No task will ever be available again")
+    weight_locations: dict[str, str] = Field(
+        default_factory=dict, description="Where the latest version of each policy can be fetched"
+    )
 
 
 class LeaseRelease(WireModel):
@@ -66,7 +76,9 @@ class LeaseRelease(WireModel):
 
 
 class TrajectoryPush(WireModel):
-    idempotency_key: str = Field(default_factory=lambda: new_id("push"), min_length=8, max_length=128)
+    idempotency_key: str = Field(
+        default_factory=lambda: new_id("push"), min_length=8, max_length=128
+    )
     node_id: str
     lease_id: str
     episodes: list[Episode] = Field(max_length=1024)
@@ -91,6 +103,9 @@ class BatchReply(WireModel):
     batch: Batch | None = None
     reason: str | None = None
     done: bool = Field(default=False, description="No more data will arrive for this policy")
+    redelivered: bool = Field(
+        default=False, description="This batch was served before and never acknowledged"
+    )
 
 
 class BatchAck(WireModel):
@@ -101,6 +116,42 @@ class BatchAck(WireModel):
 
 class VersionAnnouncement(WeightVersion):
     pass
+
+
+class EvaluationRequest(WireModel):
+    """Ask rollout nodes to evaluate ``policy`` at ``version`` (or newer) on held-out tasks."""
+
+    idempotency_key: str = Field(
+        default_factory=lambda: new_id("eval"), min_length=8, max_length=128
+    )
+    policy: str = Field(min_length=1, max_length=128)
+    version: int = Field(ge=0, description="Nodes must hold at least this version")
+    step: int | None = Field(default=None, ge=0, description="Trainer step (defaults to version)")
+    task_set: str | None = Field(default=None, max_length=128, description="Default: recipe's")
+    split: str | None = Field(default=None, max_length=64, description="Default: recipe's")
+    num_tasks: int | None = Field(default=None, ge=1, le=100_000, description="Default: recipe's")
+
+
+class EvaluationResult(WireModel):
+    """Progress and outcome of one evaluation (accuracy = mean reward of the policy's roles)."""
+
+    id: str
+    policy: str
+    version: int
+    step: int
+    task_set: str
+    split: str
+    num_tasks: int
+    completed: int = 0
+    errors: int = Field(default=0, description="Episodes that ended in an error (scored 0)")
+    accuracy: float | None = None
+    done: bool = False
+    created_at: float = 0.0
+    finished_at: float | None = None
+
+
+class EvaluationList(WireModel):
+    evaluations: list[EvaluationResult] = Field(default_factory=list)
 
 
 class Ack(WireModel):

@@ -13,10 +13,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from astraflow.protocol.arrays import FloatArray, IntArray, TokenArray
+from astraflow.protocol.arrays import MAX_ARRAY_ITEMS, FloatArray, IntArray, TokenArray
 
 #: Longest token sequence accepted anywhere on the wire (prompt + all turns).
-MAX_SEQUENCE_TOKENS = 262_144
+MAX_SEQUENCE_TOKENS = MAX_ARRAY_ITEMS
 #: Largest group a task may ask for.
 MAX_GROUP_SIZE = 1024
 
@@ -29,20 +29,32 @@ def new_id(prefix: str) -> str:
 class WireModel(BaseModel):
     """Base for wire types: unknown fields are rejected so typos fail loudly at the boundary."""
 
-    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=False)
+    # ser_json_inf_nan="constants": a log-prob of -inf must survive JSON as it survives msgpack
+    # (the default would write null, which then fails validation on the other side).
+    model_config = ConfigDict(
+        extra="forbid", frozen=False, validate_assignment=False, ser_json_inf_nan="constants"
+    )
 
 
 class Task(WireModel):
     """One unit of work: an environment, its task payload and the workflow that runs it."""
 
     id: str = Field(default_factory=lambda: new_id("task"), min_length=1, max_length=256)
-    env: str = Field(min_length=1, max_length=256, description="Registered env id, e.g. astraflow/Math-v0")
-    payload: dict[str, Any] = Field(default_factory=dict, description="Task payload passed to env.reset")
+    env: str = Field(
+        min_length=1, max_length=256, description="Registered env id, e.g. astraflow/Math-v0"
+    )
+    payload: dict[str, Any] = Field(
+        default_factory=dict, description="Task payload passed to env.reset"
+    )
     workflow: str = Field(default="single_agent", min_length=1, max_length=128)
     group_size: int = Field(default=1, ge=1, le=MAX_GROUP_SIZE)
-    task_set: str = Field(default="default", max_length=128, description="Task set the task came from")
+    task_set: str = Field(
+        default="default", max_length=128, description="Task set the task came from"
+    )
     priority: float = 0.0
-    deadline: float | None = Field(default=None, description="Unix time; earliest-deadline-first ordering")
+    deadline: float | None = Field(
+        default=None, description="Unix time; earliest-deadline-first ordering"
+    )
     meta: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -57,6 +69,22 @@ class Lease(WireModel):
     versions: dict[str, int] = Field(
         default_factory=dict, description="Weight version per policy the node held when leased"
     )
+
+
+def _check_token_arrays(model: Trajectory | Sample) -> None:
+    """Per-token arrays must align with ``tokens`` and the loss mask must be 0/1.
+
+    Shared by Trajectory and Sample: a misaligned sample would silently train on the wrong tokens.
+    """
+    n = len(model.tokens)
+    for name in ("loss_mask", "logprobs", "versions"):
+        if len(getattr(model, name)) != n:
+            raise ValueError(
+                f"{name} has {len(getattr(model, name))} entries but tokens has {n}; "
+                "per-token arrays must align with tokens"
+            )
+    if any(m not in (0, 1) for m in model.loss_mask):
+        raise ValueError("loss_mask must contain only 0 and 1")
 
 
 class Trajectory(WireModel):
@@ -75,15 +103,7 @@ class Trajectory(WireModel):
 
     @model_validator(mode="after")
     def _aligned(self) -> Trajectory:
-        n = len(self.tokens)
-        for name in ("loss_mask", "logprobs", "versions"):
-            if len(getattr(self, name)) != n:
-                raise ValueError(
-                    f"{name} has {len(getattr(self, name))} entries but tokens has {n}; "
-                    "per-token arrays must align with tokens"
-                )
-        if any(m not in (0, 1) for m in self.loss_mask):
-            raise ValueError("loss_mask must contain only 0 and 1")
+        _check_token_arrays(self)
         return self
 
     @property
@@ -102,7 +122,9 @@ class Episode(WireModel):
     task_id: str
     trajectories: list[Trajectory] = Field(default_factory=list, max_length=64)
     rewards: dict[str, float] = Field(default_factory=dict, description="Reward per role")
-    finish_reason: Literal["terminated", "truncated", "turn_limit", "length", "error"] = "terminated"
+    finish_reason: Literal["terminated", "truncated", "turn_limit", "length", "error"] = (
+        "terminated"
+    )
     error: str | None = Field(default=None, max_length=8192)
     info: dict[str, Any] = Field(default_factory=dict)
     metrics: dict[str, float] = Field(default_factory=dict, description="Timings and counters")
@@ -133,6 +155,11 @@ class Sample(WireModel):
     advantage: float = 0.0
     weight: float = Field(default=1.0, ge=0.0, description="Loss weight (staleness down-weighting)")
 
+    @model_validator(mode="after")
+    def _aligned(self) -> Sample:
+        _check_token_arrays(self)
+        return self
+
     @property
     def prompt_length(self) -> int:
         for i, m in enumerate(self.loss_mask):
@@ -143,7 +170,7 @@ class Sample(WireModel):
     @property
     def min_version(self) -> int:
         """Oldest weight version among the generated tokens (-1 if none were generated)."""
-        gen = [v for v, m in zip(self.versions, self.loss_mask) if m]
+        gen = [v for v, m in zip(self.versions, self.loss_mask, strict=True) if m]
         return min(gen) if gen else -1
 
 

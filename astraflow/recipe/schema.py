@@ -19,8 +19,12 @@ class Section(BaseModel):
 
 
 class RunConfig(Section):
-    name: str = Field(default="run", min_length=1, description="Run name; the run directory is output_dir/name")
-    output_dir: Path = Field(default=Path("runs"), description="Parent directory of run directories")
+    name: str = Field(
+        default="run", min_length=1, description="Run name; the run directory is output_dir/name"
+    )
+    output_dir: Path = Field(
+        default=Path("runs"), description="Parent directory of run directories"
+    )
     seed: int = Field(default=0, ge=0)
     max_steps: int = Field(default=100, ge=1, description="Optimizer steps per trainable policy")
     launcher: Literal["local", "ray"] = "local"
@@ -46,9 +50,13 @@ class TrainerConfig(Section):
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo"] = "dapo"
     learning_rate: float = Field(default=1e-5, gt=0.0)
     groups_per_step: int = Field(default=8, ge=1, description="Groups per optimizer step")
-    beta: float = Field(default=0.0, ge=0.0, description="KL coefficient (0 disables the reference model)")
+    beta: float = Field(
+        default=0.0, ge=0.0, description="KL coefficient (0 disables the reference model)"
+    )
     epsilon: float = Field(default=0.2, gt=0.0, description="PPO clip range (low)")
-    epsilon_high: float | None = Field(default=None, description="Upper clip range (DAPO clip-higher)")
+    epsilon_high: float | None = Field(
+        default=None, description="Upper clip range (DAPO clip-higher)"
+    )
     scale_rewards: Literal["group", "batch", "none"] = "group"
     importance_sampling_cap: float = Field(
         default=2.0, gt=0.0, description="Truncation of the behaviour/current importance ratio"
@@ -56,13 +64,17 @@ class TrainerConfig(Section):
     max_grad_norm: float = Field(default=1.0, gt=0.0)
     weight_decay: float = Field(default=0.0, ge=0.0)
     warmup_steps: int = Field(default=0, ge=0)
-    publish_every: int = Field(default=1, ge=1, description="Publish a weight version every k steps")
+    publish_every: int = Field(
+        default=1, ge=1, description="Publish a weight version every k steps"
+    )
     checkpoint_every: int = Field(default=20, ge=1)
     keep_versions: int = Field(default=8, ge=1, description="Weight versions kept in the store")
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     gradient_checkpointing: bool = False
-    extra: dict[str, Any] = Field(default_factory=dict, description="Passed to trl.GRPOConfig as is")
+    extra: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to trl.GRPOConfig as is"
+    )
 
 
 class PolicyConfig(Section):
@@ -96,7 +108,9 @@ class TasksConfig(Section):
         default_factory=lambda: [TaskSetConfig(name="arith")], min_length=1
     )
     group_size: int = Field(default=8, ge=1, le=1024)
-    epochs: int | None = Field(default=None, ge=1, description="Passes over the sets; None = unbounded")
+    epochs: int | None = Field(
+        default=None, ge=1, description="Passes over the sets; None = unbounded"
+    )
 
 
 class WorkflowConfig(Section):
@@ -149,7 +163,10 @@ class LoggingConfig(Section):
 
 class Recipe(Section):
     run: RunConfig = Field(default_factory=RunConfig)
-    policies: dict[str, PolicyConfig] = Field(min_length=1)
+    policies: dict[str, PolicyConfig] = Field(
+        min_length=1,
+        description='at least one [policies.NAME] table with a model, e.g. model = "builtin:tiny-arith"',
+    )
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     workflow: WorkflowConfig = Field(default_factory=WorkflowConfig)
     dataflow: DataflowConfig = Field(default_factory=DataflowConfig)

@@ -1,0 +1,355 @@
+"""Client of the dataflow service's HTTP API, used by rollout nodes, trainers and the CLI.
+
+Two flavours with the same methods: :class:`DataflowClient` (async, ``httpx.AsyncClient``) for
+rollout nodes, and :class:`SyncDataflowClient` (``httpx.Client``) for a trainer thread or scripts.
+
+Bodies are msgpack. Network errors and 5xx replies are retried with exponential backoff; each
+request body is encoded once, so a retry carries the SAME idempotency key and the service applies
+it at most once (a retried push whose first attempt did land is answered ``duplicate=True``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from astraflow.protocol.codec import JSON, MSGPACK, DecodeError, decode, decode_obj, encode
+from astraflow.protocol.messages import (
+    Ack,
+    BatchAck,
+    BatchReply,
+    BatchRequest,
+    EvaluationList,
+    EvaluationRequest,
+    EvaluationResult,
+    Heartbeat,
+    HeartbeatReply,
+    LeaseGrant,
+    LeaseRelease,
+    LeaseRequest,
+    NodeRegistered,
+    NodeRegistration,
+    PushResult,
+    TrajectoryPush,
+)
+from astraflow.protocol.models import WeightVersion, new_id
+
+M = TypeVar("M", bound=BaseModel)
+
+RETRY_STATUS = frozenset({500, 502, 503, 504})
+
+
+class DataflowClientError(RuntimeError):
+    """Base of every error this client raises."""
+
+
+class AuthError(DataflowClientError):
+    """HTTP 401: the token does not match the run's token."""
+
+
+class ServiceUnreachable(DataflowClientError):
+    """The service could not be reached (or kept failing with 5xx) after all retries."""
+
+
+class RequestRejected(DataflowClientError):
+    """The service refused the request (4xx): ``status``, ``detail`` and the offending ``fields``."""
+
+    def __init__(self, status: int, detail: str, fields: list[str] | None = None):
+        self.status = status
+        self.detail = detail
+        self.fields = fields or []
+        where = f" (fields: {', '.join(self.fields)})" if self.fields else ""
+        super().__init__(f"HTTP {status}: {detail}{where}")
+
+
+class NotFoundError(RequestRejected):
+    """HTTP 404: unknown node, lease, batch or evaluation."""
+
+
+@dataclass
+class _Call:
+    method: str
+    path: str
+    body: bytes | None = None
+    reply: type[BaseModel] | None = None
+    extra_timeout: float = 0.0
+    params: dict[str, str] | None = None
+
+
+def _model(cls: type[M], obj: M | None, fields: dict[str, Any]) -> M:
+    if obj is not None:
+        if fields:
+            raise TypeError(f"pass either a {cls.__name__} or keyword fields, not both")
+        return obj
+    return cls(**fields)
+
+
+class _ClientBase:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        timeout: float = 30.0,
+        retries: int = 5,
+        backoff_s: float = 0.2,
+        max_backoff_s: float = 5.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.headers = {
+            "authorization": f"Bearer {token}",
+            "content-type": MSGPACK,
+            "accept": MSGPACK,
+        }
+
+    # -- request builders (shared) -------------------------------------------------------------
+    @staticmethod
+    def _post(path: str, model: BaseModel, reply: type[BaseModel], extra_timeout: float = 0.0):
+        return _Call("POST", path, encode(model, MSGPACK), reply, extra_timeout)
+
+    def _register(self, reg):
+        return self._post("/nodes/register", reg, NodeRegistered)
+
+    def _heartbeat(self, node_id, hb):
+        return self._post(f"/nodes/{node_id}/heartbeat", hb, HeartbeatReply)
+
+    def _lease(self, req: LeaseRequest):
+        if req.idempotency_key is None:
+            req = req.model_copy(update={"idempotency_key": new_id("lease-req")})
+        return self._post("/leases", req, LeaseGrant)
+
+    def _next_batch(self, req: BatchRequest):
+        return self._post("/batches", req, BatchReply, extra_timeout=req.wait_s)
+
+    # -- reply handling (shared) ---------------------------------------------------------------
+    def _delay(self, attempt: int) -> float:
+        base = min(self.max_backoff_s, self.backoff_s * (2**attempt))
+        return base * (0.5 + random.random() / 2)
+
+    def _unreachable(self, call: _Call, last: Exception | str) -> ServiceUnreachable:
+        return ServiceUnreachable(
+            f"dataflow service at {self.base_url} unreachable ({call.method} {call.path}) after "
+            f"{self.retries + 1} attempt(s): {last}"
+        )
+
+    @staticmethod
+    def _error_detail(resp: httpx.Response) -> tuple[str, list[str]]:
+        ctype = resp.headers.get("content-type", "")
+        try:
+            body = decode_obj(resp.content) if ctype.startswith(MSGPACK) else json.loads(resp.content)
+        except Exception:
+            return resp.text[:500] or resp.reason_phrase, []
+        if isinstance(body, dict):
+            return str(body.get("detail", body)), list(body.get("fields") or [])
+        return str(body), []
+
+    def _finish(self, call: _Call, resp: httpx.Response) -> Any:
+        if resp.status_code == 401:
+            raise AuthError(
+                f"wrong run token for the dataflow service at {self.base_url} "
+                f"({self._error_detail(resp)[0]})"
+            )
+        if resp.status_code >= 400:
+            detail, fields = self._error_detail(resp)
+            cls = NotFoundError if resp.status_code == 404 else RequestRejected
+            raise cls(resp.status_code, detail, fields)
+        ctype = resp.headers.get("content-type", JSON)
+        if call.reply is None:
+            if ctype.startswith(MSGPACK):
+                return decode_obj(resp.content)
+            return json.loads(resp.content)
+        try:
+            return decode(call.reply, resp.content, MSGPACK if ctype.startswith(MSGPACK) else JSON,
+                          max_bytes=1 << 40)
+        except DecodeError as exc:
+            raise DataflowClientError(f"unexpected reply to {call.method} {call.path}: {exc}") from exc
+
+
+class DataflowClient(_ClientBase):
+    """Async client; use as ``async with DataflowClient(url, token) as client: ...``."""
+
+    def __init__(self, base_url: str, token: str, timeout: float = 30.0, retries: int = 5,
+                 backoff_s: float = 0.2, max_backoff_s: float = 5.0,
+                 max_connections: int = 64) -> None:
+        super().__init__(base_url, token, timeout, retries, backoff_s, max_backoff_s)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=self.headers,
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=max_connections,
+                                max_keepalive_connections=max_connections),
+        )
+
+    async def __aenter__(self) -> DataflowClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _execute(self, call: _Call) -> Any:
+        last: Exception | str = ""
+        for attempt in range(self.retries + 1):
+            try:
+                resp = await self._http.request(
+                    call.method, call.path, content=call.body, params=call.params,
+                    timeout=self.timeout + call.extra_timeout,
+                )
+            except httpx.TransportError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            else:
+                if resp.status_code not in RETRY_STATUS:
+                    return self._finish(call, resp)
+                last = f"HTTP {resp.status_code}: {self._error_detail(resp)[0]}"
+            if attempt < self.retries:
+                await asyncio.sleep(self._delay(attempt))
+        raise self._unreachable(call, last)
+
+    # -- API -----------------------------------------------------------------------------------
+    async def healthz(self) -> dict:
+        return await self._execute(_Call("GET", "/healthz"))
+
+    async def register(self, reg: NodeRegistration | None = None, **fields) -> NodeRegistered:
+        return await self._execute(self._register(_model(NodeRegistration, reg, fields)))
+
+    async def heartbeat(self, node_id: str, hb: Heartbeat | None = None, **fields) -> HeartbeatReply:
+        return await self._execute(self._heartbeat(node_id, _model(Heartbeat, hb, fields)))
+
+    async def deregister(self, node_id: str) -> Ack:
+        return await self._execute(_Call("DELETE", f"/nodes/{node_id}", reply=Ack))
+
+    async def lease(self, req: LeaseRequest | None = None, **fields) -> LeaseGrant:
+        return await self._execute(self._lease(_model(LeaseRequest, req, fields)))
+
+    async def release(self, node_id: str, lease_ids: list[str]) -> Ack:
+        req = LeaseRelease(node_id=node_id, lease_ids=list(lease_ids))
+        return await self._execute(self._post("/leases/release", req, Ack))
+
+    async def push(self, req: TrajectoryPush | None = None, **fields) -> PushResult:
+        return await self._execute(self._post("/trajectories", _model(TrajectoryPush, req, fields),
+                                              PushResult))
+
+    async def next_batch(self, req: BatchRequest | None = None, **fields) -> BatchReply:
+        return await self._execute(self._next_batch(_model(BatchRequest, req, fields)))
+
+    async def ack(self, batch_id: str, ack: BatchAck | None = None, **fields) -> Ack:
+        return await self._execute(self._post(f"/batches/{batch_id}/ack",
+                                              _model(BatchAck, ack, fields), Ack))
+
+    async def announce_version(self, wv: WeightVersion | None = None, **fields) -> Ack:
+        return await self._execute(self._post("/versions", _model(WeightVersion, wv, fields), Ack))
+
+    async def request_evaluation(self, req: EvaluationRequest | None = None,
+                                 **fields) -> EvaluationResult:
+        return await self._execute(self._post("/evaluations",
+                                              _model(EvaluationRequest, req, fields),
+                                              EvaluationResult))
+
+    async def evaluations(self, policy: str | None = None) -> list[EvaluationResult]:
+        call = _Call("GET", "/evaluations", reply=EvaluationList,
+                     params={"policy": policy} if policy else None)
+        return (await self._execute(call)).evaluations
+
+    async def evaluation(self, eval_id: str) -> EvaluationResult:
+        return await self._execute(_Call("GET", f"/evaluations/{eval_id}", reply=EvaluationResult))
+
+    async def status(self) -> dict:
+        return await self._execute(_Call("GET", "/status"))
+
+
+class SyncDataflowClient(_ClientBase):
+    """Blocking client with the same methods, for a trainer thread or scripts."""
+
+    def __init__(self, base_url: str, token: str, timeout: float = 30.0, retries: int = 5,
+                 backoff_s: float = 0.2, max_backoff_s: float = 5.0) -> None:
+        super().__init__(base_url, token, timeout, retries, backoff_s, max_backoff_s)
+        self._http = httpx.Client(base_url=self.base_url, headers=self.headers, timeout=timeout)
+
+    def __enter__(self) -> SyncDataflowClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _execute(self, call: _Call) -> Any:
+        last: Exception | str = ""
+        for attempt in range(self.retries + 1):
+            try:
+                resp = self._http.request(
+                    call.method, call.path, content=call.body, params=call.params,
+                    timeout=self.timeout + call.extra_timeout,
+                )
+            except httpx.TransportError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            else:
+                if resp.status_code not in RETRY_STATUS:
+                    return self._finish(call, resp)
+                last = f"HTTP {resp.status_code}: {self._error_detail(resp)[0]}"
+            if attempt < self.retries:
+                time.sleep(self._delay(attempt))
+        raise self._unreachable(call, last)
+
+    def healthz(self) -> dict:
+        return self._execute(_Call("GET", "/healthz"))
+
+    def register(self, reg: NodeRegistration | None = None, **fields) -> NodeRegistered:
+        return self._execute(self._register(_model(NodeRegistration, reg, fields)))
+
+    def heartbeat(self, node_id: str, hb: Heartbeat | None = None, **fields) -> HeartbeatReply:
+        return self._execute(self._heartbeat(node_id, _model(Heartbeat, hb, fields)))
+
+    def deregister(self, node_id: str) -> Ack:
+        return self._execute(_Call("DELETE", f"/nodes/{node_id}", reply=Ack))
+
+    def lease(self, req: LeaseRequest | None = None, **fields) -> LeaseGrant:
+        return self._execute(self._lease(_model(LeaseRequest, req, fields)))
+
+    def release(self, node_id: str, lease_ids: list[str]) -> Ack:
+        req = LeaseRelease(node_id=node_id, lease_ids=list(lease_ids))
+        return self._execute(self._post("/leases/release", req, Ack))
+
+    def push(self, req: TrajectoryPush | None = None, **fields) -> PushResult:
+        return self._execute(self._post("/trajectories", _model(TrajectoryPush, req, fields),
+                                        PushResult))
+
+    def next_batch(self, req: BatchRequest | None = None, **fields) -> BatchReply:
+        return self._execute(self._next_batch(_model(BatchRequest, req, fields)))
+
+    def ack(self, batch_id: str, ack: BatchAck | None = None, **fields) -> Ack:
+        return self._execute(self._post(f"/batches/{batch_id}/ack", _model(BatchAck, ack, fields),
+                                        Ack))
+
+    def announce_version(self, wv: WeightVersion | None = None, **fields) -> Ack:
+        return self._execute(self._post("/versions", _model(WeightVersion, wv, fields), Ack))
+
+    def request_evaluation(self, req: EvaluationRequest | None = None,
+                           **fields) -> EvaluationResult:
+        return self._execute(self._post("/evaluations", _model(EvaluationRequest, req, fields),
+                                        EvaluationResult))
+
+    def evaluations(self, policy: str | None = None) -> list[EvaluationResult]:
+        call = _Call("GET", "/evaluations", reply=EvaluationList,
+                     params={"policy": policy} if policy else None)
+        return self._execute(call).evaluations
+
+    def evaluation(self, eval_id: str) -> EvaluationResult:
+        return self._execute(_Call("GET", f"/evaluations/{eval_id}", reply=EvaluationResult))
+
+    def status(self) -> dict:
+        return self._execute(_Call("GET", "/status"))
