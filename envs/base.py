@@ -7,6 +7,8 @@ the registry and ``astraflow envs show`` read that documentation from the class 
 
 from __future__ import annotations
 
+import copy
+import functools
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -14,16 +16,51 @@ from gymnasium import spaces
 
 #: Generous bound on one observation or action (characters).
 MAX_TEXT = 65_536
-#: Characters the Text spaces accept: printable ASCII, whitespace and common Unicode letters/symbols.
-CHARSET = "".join(chr(c) for c in range(32, 127)) + "\n\t\r" + "".join(chr(c) for c in range(0xA0, 0x250))
+#: Characters the Text spaces accept: whitespace and every printable character of the Unicode Basic
+#: Multilingual Plane (no C0/C1 controls, no surrogates). Real observations (GSM8K's typographic
+#: quotes, docstrings, program output) use far more than ASCII; anything outside this set (astral
+#: characters such as emoji, control bytes) is replaced by :func:`fit_text`.
+CHARSET = "\n\t\r" + "".join(
+    chr(c) for c in [*range(0x20, 0x7F), *range(0xA0, 0xD800), *range(0xE000, 0xFFFE)]
+)
+_CHARSET_SET = frozenset(CHARSET)
+#: Stand-in for a character outside :data:`CHARSET`.
+REPLACEMENT = "\ufffd"
 
 
 class TaskError(ValueError):
     """A task payload that the env cannot use; names the field and what was expected."""
 
 
-def text_space(max_length: int = MAX_TEXT) -> spaces.Text:
+@functools.lru_cache(maxsize=8)
+def _text_space_prototype(max_length: int) -> spaces.Text:
     return spaces.Text(max_length=max_length, min_length=0, charset=CHARSET)
+
+
+def text_space(max_length: int = MAX_TEXT) -> spaces.Text:
+    """A Text space over :data:`CHARSET`.
+
+    Building one indexes ~63k characters (tens of ms), and workflows create an env per episode, so
+    each call returns a shallow copy of a cached prototype: the character tables are immutable and
+    shared, the random generator is the copy's own.
+    """
+    space = copy.copy(_text_space_prototype(max_length))
+    space._np_random = None  # each space seeds its own generator on first use
+    return space
+
+
+def fit_text(text: str, max_length: int = MAX_TEXT) -> str:
+    """``text`` made a member of :func:`text_space`: foreign characters replaced, tail cut.
+
+    Why: an observation must lie in the observation space (``check_env`` and workflows rely on it),
+    but envs pass through text they do not control (datasets, tool output).
+    """
+    if len(text) > max_length:
+        marker = "\n[... truncated]"
+        text = text[: max_length - len(marker)] + marker
+    if all(c in _CHARSET_SET for c in text):
+        return text
+    return "".join(c if c in _CHARSET_SET else REPLACEMENT for c in text)
 
 
 class TextEnv(gym.Env):
@@ -35,7 +72,8 @@ class TextEnv(gym.Env):
     ``reset`` draws a built-in sample task from the seed so ``check_env`` and random rollouts work.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    #: ``render_fps`` means nothing for text, but Gymnasium's checker warns when it is missing.
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
     #: Short family name shown by ``astraflow envs list`` (math, code, search, agentbench, ...).
     family: ClassVar[str] = "misc"
     description: ClassVar[str] = ""
@@ -66,7 +104,9 @@ class TextEnv(gym.Env):
         """Start an episode on a validated task; return the first observation and info."""
         raise NotImplementedError
 
-    def _step_text(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:  # pragma: no cover
+    def _step_text(
+        self, action: str
+    ) -> tuple[str, float, bool, dict[str, Any]]:  # pragma: no cover
         """Apply one action; return (observation, reward, terminated, info)."""
         raise NotImplementedError
 
@@ -77,22 +117,28 @@ class TextEnv(gym.Env):
         if task is None:
             task = self.sample_task(self.np_random)
         if not isinstance(task, dict):
-            raise TaskError(f"{type(self).__name__}: options['task'] must be a dict, got {type(task).__name__}")
+            raise TaskError(
+                f"{type(self).__name__}: options['task'] must be a dict, got {type(task).__name__}"
+            )
         self.validate_task(task)
         self.task = task
         self.turn = 0
         obs, info = self._reset_task(task)
+        obs = fit_text(obs, self.observation_space.max_length)
         self._last_obs = obs
         return obs, info
 
     def step(self, action: str):
         if not isinstance(action, str):
-            raise TypeError(f"{type(self).__name__}: action must be str, got {type(action).__name__}")
+            raise TypeError(
+                f"{type(self).__name__}: action must be str, got {type(action).__name__}"
+            )
         self.turn += 1
         obs, reward, terminated, info = self._step_text(action)
         truncated = not terminated and self.turn >= self.max_turns
         if terminated or truncated:
             info.setdefault("success", False)
+        obs = fit_text(obs, self.observation_space.max_length)
         self._last_obs = obs
         return obs, float(reward), bool(terminated), bool(truncated), info
 

@@ -51,10 +51,19 @@ class TaskSetRegistry:
                 f"unknown task set {name!r}{hint} (known: {', '.join(self.names())})"
             ) from None
 
-    def load(self, name: str, split: str = "train", *, seed: int = 0, limit: int | None = None,
-             **kwargs: Any) -> list[Payload]:
+    def load(
+        self,
+        name: str,
+        split: str = "train",
+        *,
+        seed: int = 0,
+        limit: int | None = None,
+        **kwargs: Any,
+    ) -> list[Payload]:
         info = self.info(name)
         if split not in info.splits:
-            raise ValueError(f"task set {name!r} has no split {split!r}; splits: {', '.join(info.splits)}")
+            raise ValueError(
+                f"task set {name!r} has no split {split!r}; splits: {', '.join(info.splits)}"
+            )
         items = info.loader(split=split, seed=seed, **kwargs)
         return items[:limit] if limit is not None else items

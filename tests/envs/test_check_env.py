@@ -1,0 +1,23 @@
+"""Every registered env (built in, code, agentbench, plugins) passes Gymnasium's check_env without
+warnings and survives random episodes on its sample tasks."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli.envs import check_one
+from envs.registry import default_registry
+
+SPECS = default_registry().specs()
+
+
+def test_builtin_families_are_registered():
+    ids = {s.id for s in SPECS}
+    assert {"astraflow/Math-v0", "astraflow/MathMultiTurn-v0", "astraflow/Search-v0"} <= ids
+
+
+@pytest.mark.parametrize("env_id", [s.id for s in SPECS])
+def test_check_env_and_random_episodes(env_id):
+    row = check_one(env_id, {}, episodes=2, seed=0, max_action_chars=120)
+    assert row["ok"], row.get("traceback")
+    assert row["warnings"] == [], row["warnings"]
