@@ -212,3 +212,13 @@ def check(
         fail(
             f"{len(failed)} of {len(ids)} environment(s) failed: {', '.join(r['id'] for r in failed)}"
         )
+
+
+@app.command("build-sandbox-image")
+def build_sandbox_image(
+    force: bool = typer.Option(False, "--force", help="Rebuild even if present"),
+) -> None:
+    """Build the code sandbox's Docker image locally (debootstrap + docker import; no registry)."""
+    from cli.sandbox import build_image_cmd
+
+    build_image_cmd(force=force, mirror="http://deb.debian.org/debian", tag=None)

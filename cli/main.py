@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import envs, models, recipe, report, serve, status, train
+from cli import envs, models, recipe, report, sandbox, serve, status, train
 from cli import eval as eval_cmd
 
 app = typer.Typer(
@@ -25,6 +25,9 @@ app.add_typer(serve.app, name="serve", help="Run one service: dataflow, rollout 
 app.command("status", help="Live view of a running job's dataflow service.")(status.status)
 app.add_typer(recipe.app, name="recipe", help="Validate and inspect recipes.")
 app.add_typer(models.app, name="models", help="Build and list built-in models.")
+app.add_typer(
+    sandbox.app, name="sandbox", help="Code sandboxes: build the Docker image, list backends."
+)
 app.command("report", help="Plots and summary of a run directory.")(report.report)
 
 

@@ -123,7 +123,14 @@ class LocalLauncher:
             handle.services.append(
                 Service(f"node-{i}", argv, rd / "logs" / f"node-{i}.log").start(env)
             )
+        self._write_pids()
         return handle
+
+    def _write_pids(self) -> None:
+        """Record child PIDs so tools (and tests) can check that nothing outlives the run."""
+        assert self.handle
+        pids = {s.name: s.pid for s in self.handle.services}
+        (self.run_dir / "pids.json").write_text(json.dumps(pids))
 
     def _wait_for_url(self, url_file: Path, svc: Service) -> str:
         deadline = time.time() + self.startup_timeout_s

@@ -19,7 +19,6 @@ from astraflow.protocol import (
     Episode,
     Heartbeat,
     Lease,
-    LeaseRelease,
     LeaseRequest,
     NodeRegistration,
     Task,
@@ -177,7 +176,7 @@ class RolloutNode:
             await asyncio.gather(*still, return_exceptions=True)
             if ids and self._failure is None:
                 try:
-                    await self.client.release(LeaseRelease(node_id=self.node_id, lease_ids=ids))
+                    await self.client.release(self.node_id, ids)
                 except Exception as exc:
                     log.warning("could not release %d leases: %s", len(ids), exc)
 

@@ -110,4 +110,4 @@ async def _run(opts: NodeOptions, recipe: Recipe | None) -> int:
             await p.engine.close()
         return 0
     finally:
-        await client.aclose()
+        await client.close()

@@ -1,0 +1,182 @@
+"""The sandbox interface: run untrusted program text with limits, get a :class:`RunResult` back.
+
+Why one interface: the code env (and AgentBench's OS tasks) must not care whether a run happens in
+a Docker container, a bubblewrap namespace or a plain rlimited subprocess; backends differ in how
+strong the isolation is (``Sandbox.isolated``), not in what they return.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import IO, ClassVar
+
+#: File the program text is written to inside the work dir.
+MAIN_FILE = "main.py"
+#: Working directory of the program inside an isolated sandbox.
+SANDBOX_WORKDIR = "/work"
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself could not run (backend missing, image absent, engine down)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one run. Memory is in MiB; output is per stream, in bytes."""
+
+    wall_time_s: float = 10.0
+    memory_mb: int = 512
+    pids: int = 64
+    cpus: float = 1.0
+    output_bytes: int = 65_536
+    file_size_mb: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("wall_time_s", "memory_mb", "pids", "cpus", "output_bytes", "file_size_mb"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"Limits.{name} must be > 0, got {getattr(self, name)!r}")
+
+
+@dataclass
+class RunResult:
+    """What happened to one run.
+
+    ``killed_reason`` is None for a run that exited on its own, else one of ``"timeout"`` (wall
+    clock), ``"oom"``, ``"output_limit"`` (stdout/stderr over the cap) or ``"signal:NAME"``.
+    """
+
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    oom: bool = False
+    killed_reason: str | None = None
+    duration_s: float = 0.0
+    backend: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    details: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and self.killed_reason is None
+
+    def summary(self) -> dict:
+        """JSON-able facts for an env's ``info`` (no output text)."""
+        return {
+            "backend": self.backend,
+            "exit_code": self.exit_code,
+            "timed_out": self.timed_out,
+            "oom": self.oom,
+            "killed_reason": self.killed_reason,
+            "duration_s": round(self.duration_s, 3),
+            "stdout_truncated": self.stdout_truncated,
+            "stderr_truncated": self.stderr_truncated,
+        }
+
+
+class Sandbox(ABC):
+    """Runs a Python program (or a command) on files in a fresh, private work dir."""
+
+    #: Backend name: docker, bwrap or process.
+    name: ClassVar[str] = ""
+    #: False when the backend is not a security boundary (the ``process`` backend).
+    isolated: ClassVar[bool] = True
+
+    @abstractmethod
+    def run(
+        self,
+        program: str | None = None,
+        *,
+        files: Mapping[str, str | bytes] | None = None,
+        command: list[str] | None = None,
+        stdin: str | bytes = b"",
+        limits: Limits | None = None,
+    ) -> RunResult:
+        """Run ``program`` (written to ``main.py``) or ``command`` in a fresh work dir holding
+        ``files``. ``command`` defaults to ``python3 main.py``. Never raises for anything the
+        program does; raises :class:`SandboxError` only when the backend itself fails."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release backend resources (clients, cached handles)."""
+
+
+def prepare_files(program: str | None, files: Mapping[str, str | bytes] | None) -> dict[str, bytes]:
+    """The files of a run as bytes, with ``program`` as ``main.py``; rejects paths that escape."""
+    out: dict[str, bytes] = {}
+    for name, content in (files or {}).items():
+        parts = name.split("/")
+        if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"sandbox file name {name!r} must be a relative path without '..'")
+        out[name] = content.encode() if isinstance(content, str) else bytes(content)
+    if program is not None:
+        out[MAIN_FILE] = program.encode()
+    if not out:
+        raise ValueError("sandbox run needs a program or files")
+    return out
+
+
+def to_bytes(data: str | bytes) -> bytes:
+    return data.encode() if isinstance(data, str) else bytes(data)
+
+
+class CappedReader(threading.Thread):
+    """Drains one pipe in the background, keeping at most ``cap`` bytes.
+
+    Why a thread that keeps draining: a program that floods its output must not block on a full
+    pipe (it would look like a hang); we keep the first ``cap`` bytes and set ``overflow`` so the
+    runner can kill the program early with reason ``output_limit``.
+    """
+
+    def __init__(self, stream: IO[bytes], cap: int, overflow: threading.Event):
+        super().__init__(daemon=True)
+        self.stream = stream
+        self.cap = cap
+        self.overflow = overflow
+        self.buf = bytearray()
+        self.truncated = False
+
+    def run(self) -> None:
+        try:
+            while True:
+                chunk = (
+                    self.stream.read1(65_536)
+                    if hasattr(self.stream, "read1")
+                    else self.stream.read(65_536)
+                )
+                if not chunk:
+                    break
+                room = self.cap - len(self.buf)
+                if room > 0:
+                    self.buf += chunk[:room]
+                if len(chunk) > room:
+                    self.truncated = True
+                    self.overflow.set()
+        except (OSError, ValueError):
+            pass
+
+    def text(self) -> str:
+        text = self.buf.decode("utf-8", errors="replace")
+        return text + "\n[... output truncated ...]" if self.truncated else text
+
+
+def feed_stdin(stream: IO[bytes] | None, data: bytes) -> threading.Thread | None:
+    """Write ``data`` to the child's stdin from a thread, then close it (a child that never reads
+    must not block us)."""
+    if stream is None:
+        return None
+
+    def _write() -> None:
+        try:
+            if data:
+                stream.write(data)
+            stream.close()
+        except (OSError, ValueError):
+            pass
+
+    thread = threading.Thread(target=_write, daemon=True)
+    thread.start()
+    return thread

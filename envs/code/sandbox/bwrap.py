@@ -1,0 +1,177 @@
+"""The ``bwrap`` backend: bubblewrap with every namespace unshared and no network.
+
+The sandbox sees only read-only binds of the system's ``/usr`` (plus the ``/lib*``, ``/bin``
+symlinks or dirs and the dynamic-linker config from ``/etc``), a fresh ``/proc``, a minimal
+``/dev``, a tmpfs ``/tmp`` and a private writable ``/work``. Host homes, ``/root``, ``/work``,
+``/tmp`` and ``/etc`` secrets are never bound. When we run as root the sandbox is started as the
+``nobody`` uid (unprivileged user namespace), so even a kernel-level escape lands unprivileged.
+The python inside is the system one (``/usr/bin/python3``), not a pyenv/venv from a home dir.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from envs.code.sandbox.base import (
+    SANDBOX_WORKDIR,
+    Limits,
+    RunResult,
+    Sandbox,
+    SandboxError,
+    prepare_files,
+    to_bytes,
+)
+from envs.code.sandbox.local import NOBODY, run_local
+
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+ETC_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/alternatives",
+    "/etc/localtime",
+)
+
+
+def _root_links() -> list[str]:
+    """Binds for /bin, /lib, /lib64, /sbin: symlinks on merged-/usr systems, dirs otherwise."""
+    args: list[str] = []
+    for name in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(name):
+            args += ["--symlink", os.readlink(name), name]
+        elif os.path.isdir(name):
+            args += ["--ro-bind", name, name]
+    return args
+
+
+class BwrapSandbox(Sandbox):
+    name = "bwrap"
+    isolated = True
+
+    def __init__(
+        self, bwrap: str | None = None, python: str = "/usr/bin/python3", use_cgroup: bool = True
+    ):
+        self.use_cgroup = use_cgroup
+        self.bwrap = bwrap or shutil.which("bwrap")
+        if not self.bwrap:
+            raise SandboxError("bubblewrap (`bwrap`) is not installed; apt-get install bubblewrap")
+        if not os.access(python, os.X_OK) or not python.startswith("/usr/"):
+            raise SandboxError(
+                f"bwrap backend needs a system python under /usr, {python!r} is not one"
+            )
+        self.python = python
+        self.drop_to_nobody = os.getuid() == 0
+
+    def argv(self, workdir: str, command: list[str]) -> list[str]:
+        args = [
+            self.bwrap,
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            "sandbox",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+            *_root_links(),
+        ]
+        for path in ETC_FILES:
+            args += ["--ro-bind-try", path, path]
+        args += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+            "--bind",
+            workdir,
+            SANDBOX_WORKDIR,
+            "--remount-ro",
+            "/",
+            "--chdir",
+            SANDBOX_WORKDIR,
+            "--uid",
+            str(NOBODY[0]),
+            "--gid",
+            str(NOBODY[1]),
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            SANDBOX_PATH,
+            "--setenv",
+            "HOME",
+            SANDBOX_WORKDIR,
+            "--setenv",
+            "TMPDIR",
+            "/tmp",
+            "--setenv",
+            "LANG",
+            "C.UTF-8",
+            "--setenv",
+            "PYTHONDONTWRITEBYTECODE",
+            "1",
+            "--setenv",
+            "PYTHONIOENCODING",
+            "utf-8",
+            "--",
+        ]
+        return args + command
+
+    def probe(self) -> None:
+        """Raise :class:`SandboxError` unless a trivial sandboxed run works on this host."""
+        result = self.run("print('ok')", limits=Limits(wall_time_s=10))
+        if result.stdout.strip() != "ok":
+            raise SandboxError(
+                f"bwrap probe failed (exit {result.exit_code}): {result.stderr[-500:]}"
+            )
+
+    def run(
+        self,
+        program: str | None = None,
+        *,
+        files: Mapping[str, str | bytes] | None = None,
+        command: list[str] | None = None,
+        stdin: str | bytes = b"",
+        limits: Limits | None = None,
+    ) -> RunResult:
+        limits = limits or Limits()
+        payload = prepare_files(program, files)
+        argv = list(command or ["python3", "main.py"])
+        if argv[0] in ("python3", "python"):
+            argv[0] = self.python
+        workdir = tempfile.mkdtemp(prefix="astraflow-bwrap-")
+        user = NOBODY if self.drop_to_nobody else None
+        try:
+            for name, content in payload.items():
+                path = Path(workdir, name)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(content)
+            if user:
+                for root, dirs, names in os.walk(workdir):
+                    for entry in [root, *(os.path.join(root, n) for n in dirs + names)]:
+                        os.chown(entry, *user)
+            try:
+                result = run_local(
+                    self.argv(workdir, argv),
+                    cwd="/",
+                    env={"PATH": SANDBOX_PATH},
+                    stdin=to_bytes(stdin),
+                    limits=limits,
+                    backend=self.name,
+                    use_cgroup=self.use_cgroup,
+                    user=user,
+                    signal_exit_offset=True,
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise SandboxError(f"could not start bwrap: {exc}") from exc
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if result.exit_code == 1 and result.stderr.startswith("bwrap:"):
+            raise SandboxError(f"bwrap failed to set up the sandbox: {result.stderr.strip()[:500]}")
+        return result

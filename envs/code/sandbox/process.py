@@ -1,0 +1,88 @@
+"""The ``process`` backend: a plain child process with rlimits and a wall-clock kill.
+
+NOT ISOLATION. The program shares the host's filesystem view and network; it only gets rlimits, a
+private temp work dir, a pids cgroup when the host allows one, and (when we run as root) the
+``nobody`` uid so it cannot read root-only files. Use it only where neither Docker nor bubblewrap
+exists; :func:`envs.code.sandbox.select.select_backend` warns loudly when it falls back to it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from envs.code.sandbox.base import Limits, RunResult, Sandbox, prepare_files, to_bytes
+from envs.code.sandbox.local import NOBODY, run_local
+
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def system_python() -> str | None:
+    """A python3 outside any home directory (readable by an unprivileged uid)."""
+    for cand in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+class ProcessSandbox(Sandbox):
+    name = "process"
+    isolated = False
+
+    def __init__(self, python: str | None = None, use_cgroup: bool = True):
+        self.use_cgroup = use_cgroup
+        self.drop_to_nobody = os.getuid() == 0
+        default = system_python() if self.drop_to_nobody else sys.executable
+        self.python = python or default or sys.executable
+
+    def run(
+        self,
+        program: str | None = None,
+        *,
+        files: Mapping[str, str | bytes] | None = None,
+        command: list[str] | None = None,
+        stdin: str | bytes = b"",
+        limits: Limits | None = None,
+    ) -> RunResult:
+        limits = limits or Limits()
+        payload = prepare_files(program, files)
+        argv = list(command or ["python3", "main.py"])
+        if argv[0] in ("python3", "python"):
+            argv[0] = self.python
+        workdir = tempfile.mkdtemp(prefix="astraflow-sbx-")
+        user = NOBODY if self.drop_to_nobody else None
+        try:
+            for name, content in payload.items():
+                path = Path(workdir, name)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(content)
+            if user:
+                for root, dirs, names in os.walk(workdir):
+                    for entry in [root, *(os.path.join(root, n) for n in dirs + names)]:
+                        os.chown(entry, *user)
+            env = {
+                "PATH": SAFE_PATH,
+                "HOME": workdir,
+                "TMPDIR": workdir,
+                "LANG": "C.UTF-8",
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONIOENCODING": "utf-8",
+            }
+            result = run_local(
+                argv,
+                cwd=workdir,
+                env=env,
+                stdin=to_bytes(stdin),
+                limits=limits,
+                backend=self.name,
+                use_cgroup=self.use_cgroup,
+                user=user,
+            )
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        result.details["isolated"] = False
+        return result

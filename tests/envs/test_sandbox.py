@@ -1,0 +1,121 @@
+"""The sandbox interface on every available backend, and how a backend is chosen."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from envs.code.sandbox import ENV_VAR, Limits, SandboxError, make_backend, select_backend
+from envs.code.sandbox.base import prepare_files
+
+BACKENDS = ["docker", "bwrap", "process"]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def box(request):
+    try:
+        backend = make_backend(request.param)
+    except SandboxError as exc:
+        pytest.skip(f"{request.param} sandbox unavailable here: {exc}")
+    yield backend
+    backend.close()
+
+
+def test_program_stdin_files_and_exit_code(box):
+    program = (
+        "import sys, json\n"
+        "data = json.load(open('data/in.json'))\n"
+        "line = sys.stdin.read()\n"
+        "print(data['x'] + int(line))\n"
+        "print('to stderr', file=sys.stderr)\n"
+        "sys.exit(3)\n"
+    )
+    result = box.run(program, files={"data/in.json": '{"x": 40}'}, stdin="2")
+    assert result.backend == box.name
+    assert result.stdout.strip() == "42"
+    assert "to stderr" in result.stderr
+    assert result.exit_code == 3
+    assert result.killed_reason is None and not result.timed_out and not result.ok
+
+
+def test_command_and_clean_exit(box):
+    result = box.run(files={"hello.py": "print('hi')"}, command=["python3", "hello.py"])
+    assert result.ok and result.stdout == "hi\n"
+    assert result.summary()["backend"] == box.name
+
+
+def test_each_run_gets_a_fresh_work_dir(box):
+    box.run("open('left.txt', 'w').write('x')")
+    result = box.run("import os; print(sorted(os.listdir('.')))")
+    assert "left.txt" not in result.stdout
+
+
+def test_runs_as_unprivileged_user(box):
+    result = box.run("import os; print(os.getuid())")
+    assert result.stdout.strip() != "0"
+
+
+def test_bad_file_names_are_rejected():
+    with pytest.raises(ValueError, match="relative path"):
+        prepare_files(None, {"../escape.py": "x"})
+    with pytest.raises(ValueError, match="relative path"):
+        prepare_files(None, {"/etc/passwd": "x"})
+    with pytest.raises(ValueError, match="needs a program"):
+        prepare_files(None, None)
+
+
+def test_limits_are_validated():
+    with pytest.raises(ValueError, match="wall_time_s"):
+        Limits(wall_time_s=0)
+
+
+def test_unknown_backend_names_what_is_expected(monkeypatch):
+    with pytest.raises(ValueError, match="expected one of auto, docker, bwrap, process"):
+        select_backend("firecracker")
+    monkeypatch.setenv(ENV_VAR, "nope")
+    with pytest.raises(ValueError, match=r"\$ASTRAFLOW_SANDBOX='nope'"):
+        select_backend()
+
+
+def test_env_var_and_explicit_choice(monkeypatch, caplog):
+    monkeypatch.setenv(ENV_VAR, "process")
+    with caplog.at_level(logging.WARNING, logger="astraflow.sandbox"):
+        box = select_backend()
+    assert box.name == "process" and not box.isolated
+    assert "NO SANDBOX ISOLATION" in caplog.text
+    # an explicit argument wins over the environment variable
+    try:
+        assert select_backend("bwrap").name == "bwrap"
+    except SandboxError as exc:
+        pytest.skip(f"bwrap unavailable: {exc}")
+
+
+def test_auto_prefers_the_strongest_available(monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    box = select_backend("auto")
+    available = []
+    for name in BACKENDS:
+        try:
+            make_backend(name).close()
+            available.append(name)
+        except SandboxError:
+            pass
+    assert box.name == available[0]
+
+
+def test_explicit_docker_without_engine_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with pytest.raises(SandboxError, match="no Docker engine answers"):
+        select_backend("docker")
+
+
+def test_cli_lists_backends():
+    from typer.testing import CliRunner
+
+    from cli.sandbox import app
+
+    result = CliRunner().invoke(app, ["list"])
+    assert result.exit_code == 0, result.output
+    assert "process" in result.output and "NONE (rlimits only)" in result.output
+    assert "auto choice:" in result.output
