@@ -60,7 +60,9 @@ def build_policies(recipe: Recipe, opts: NodeOptions) -> dict[str, Any]:
         if kind == "transformers":
             args.setdefault("device", opts.device or recipe.rollout.device)
             args.setdefault("num_threads", opts.torch_threads)
-        engine = make_engine(kind, resolve_model(cfg.model), **args)
+        # an openai engine names a served model; the others load a checkpoint
+        model = cfg.model if kind == "openai" else resolve_model(cfg.model)
+        engine = make_engine(kind, model, **args)
         served[name] = ServedPolicy(name, engine, _sampling(cfg), cfg.trainable)
     return served
 

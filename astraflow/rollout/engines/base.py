@@ -11,6 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+# New weights for an engine: a full state (name -> tensor) or a sparse delta from ``parent``
+# (``delta.apply_(tensors)`` in place, between generations). One class shared with the weights
+# component, so what a node fetches goes straight to ``engine.load_weights``.
+from astraflow.weights.update import WeightUpdate
+
+__all__ = ["Engine", "Generation", "SamplingParams", "WeightUpdate"]
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -21,6 +28,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    #: Keep generating past the model's end-of-sequence token (benchmarks; vLLM's ``ignore_eos``).
+    ignore_eos: bool = False
 
     def __post_init__(self):
         if self.n < 1:
@@ -46,21 +55,6 @@ class Generation:
     finish_reason: Literal["stop", "length"]
     version: int
     meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class WeightUpdate:
-    """New weights for an engine: a full state (name -> tensor) or a sparse delta from ``parent``.
-
-    ``delta`` is an :class:`astraflow.weights.SparseDelta`; engines apply it with its ``apply_``
-    method to their own tensors, in place, between generations.
-    """
-
-    version: int
-    full: dict[str, Any] | None = None
-    delta: Any | None = None
-    parent: int | None = None
-    digest: str | None = None
 
 
 @runtime_checkable

