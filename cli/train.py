@@ -24,7 +24,7 @@ def train(
     """Start the dataflow service, rollout nodes and trainers of a recipe and train to max_steps."""
     from rich.live import Live
 
-    from astraflow.launch.live import render_status
+    from astraflow.launch.live import MetricsTail, render_status, status_line
     from astraflow.launch.local import LaunchError, LocalLauncher, install_sigint, prepare_run
     from astraflow.recipe import RecipeError
 
@@ -44,33 +44,24 @@ def train(
     try:
         handle = launcher.start()
         console.print(f"dataflow service at {handle.url}; logs in {run_dir / 'logs'}")
+        tail = MetricsTail(run_dir / "metrics.jsonl")
         use_live = live and rec.logging.live and console.is_terminal
         if use_live:
-            with Live(
-                render_status(None, handle.services, str(run_dir), started),
-                console=console,
-                refresh_per_second=2,
-            ) as view:
+            first = render_status(None, handle.services, str(run_dir), started, tail)
+            with Live(first, console=console, refresh_per_second=2) as view:
                 outcome = launcher.wait(
-                    lambda st, svcs: view.update(render_status(st, svcs, str(run_dir), started)),
+                    lambda st, svcs: view.update(
+                        render_status(st, svcs, str(run_dir), started, tail)
+                    ),
                     timeout_s=timeout or None,
                 )
         else:
             last = [0.0]
 
             def line(st, svcs):
-                if st and time.time() - last[0] > 10:
+                if st and time.time() - last[0] >= 10:
                     last[0] = time.time()
-                    parts = []
-                    for name, p in sorted((st.get("policies") or {}).items()):
-                        ev = (p.get("last_eval") or {}).get("accuracy")
-                        parts.append(
-                            f"{name}: step {p.get('step')} v{p.get('version')} reward {p.get('reward_mean')}"
-                            + (f" eval {ev:.3f}" if isinstance(ev, float) else "")
-                        )
-                    console.print(
-                        f"[{time.time() - started:6.0f}s] " + " | ".join(parts), highlight=False
-                    )
+                    console.print(status_line(st, time.time() - started, tail), highlight=False)
 
             outcome = launcher.wait(line, timeout_s=timeout or None)
     except LaunchError as exc:

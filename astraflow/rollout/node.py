@@ -107,6 +107,7 @@ class RolloutNode:
         self._done = asyncio.Event()
         self._failure: BaseException | None = None
         self._weights_lock = asyncio.Lock()
+        self._new_version = asyncio.Event()
 
     # ---------------------------------------------------------------- lifecycle
     def versions(self) -> dict[str, int]:
@@ -139,6 +140,7 @@ class RolloutNode:
         workers = [
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self._lease_loop(), name="lease"),
+            asyncio.create_task(self._weights_loop(), name="weights"),
         ]
         try:
             await self._wait_finished()
@@ -198,19 +200,42 @@ class RolloutNode:
                         metrics=self.stats.as_metrics(),
                     ),
                 )
-                self.latest.update(reply.latest_versions)
-                self.locations.update(reply.weight_locations)
+                self._note_versions(reply.latest_versions, reply.weight_locations)
                 if reply.stop:
                     self._done.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # network trouble: keep trying, leases may expire meanwhile
+                log.warning("heartbeat failed: %s", exc)
+            await asyncio.sleep(self.heartbeat_s)
+
+    def _note_versions(
+        self, latest: dict[str, int], locations: dict[str, str] | None = None
+    ) -> None:
+        """Record announced versions; wake the weight loop when a served policy fell behind."""
+        self.latest.update(latest)
+        self.locations.update(locations or {})
+        if any(self.latest.get(n, 0) > p.engine.version for n, p in self.policies.items()):
+            self._new_version.set()
+
+    async def _weights_loop(self) -> None:
+        """Fetch and apply new weights as soon as they are announced (between generations)."""
+        while True:
+            await self._new_version.wait()
+            self._new_version.clear()
+            try:
                 await self._sync_weights()
             except asyncio.CancelledError:
                 raise
             except EngineFailure as exc:
                 self._fail(exc)
                 return
-            except Exception as exc:  # network trouble: keep trying, leases may expire meanwhile
-                log.warning("heartbeat failed: %s", exc)
-            await asyncio.sleep(self.heartbeat_s)
+            except (
+                Exception
+            ) as exc:  # store unreachable or transfer corrupt: retry on the next beat
+                log.warning("weight sync failed: %s", exc)
+                await asyncio.sleep(self.heartbeat_s)
+                self._new_version.set()
 
     async def _sync_weights(self) -> None:
         """Bring every trainable policy's engine to the latest announced version."""
@@ -261,7 +286,7 @@ class RolloutNode:
                 log.warning("lease request failed: %s", exc)
                 await asyncio.sleep(self.settings.idle_poll_s)
                 continue
-            self.latest.update(grant.latest_versions)
+            self._note_versions(grant.latest_versions, getattr(grant, "weight_locations", None))
             if grant.done:
                 # wait for in-flight work, then leave
                 while self._in_flight:
@@ -269,14 +294,6 @@ class RolloutNode:
                 self._done.set()
                 return
             if not grant.leases:
-                if grant.reason and "lag" in grant.reason:
-                    try:
-                        await self._sync_weights()
-                    except EngineFailure as exc:
-                        self._fail(exc)
-                        return
-                    except Exception as exc:
-                        log.warning("weight sync failed: %s", exc)
                 await asyncio.sleep(self.settings.idle_poll_s)
                 continue
             for lease in grant.leases:

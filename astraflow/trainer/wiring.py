@@ -1,0 +1,85 @@
+"""The trainer process: a weight store with its HTTP server, evaluations, and the TRL trainer.
+
+This is the composition ``astraflow serve trainer`` runs. The trainer itself
+(:func:`astraflow.trainer.service.run_trainer`) knows nothing about where weights go; here each
+published version lands in ``run_dir/weights`` (full snapshot + sparse delta), is served over HTTP
+with the run token, and is announced to the dataflow service, which tells the rollout nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from astraflow.protocol import EvaluationRequest
+from astraflow.recipe import Recipe
+
+log = logging.getLogger("astraflow.trainer")
+
+
+def serve_trainer(
+    recipe: Recipe,
+    policy: str,
+    dataflow_url: str,
+    token: str,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    weights_host: str = "127.0.0.1",
+    weights_port: int = 0,
+) -> int:
+    from astraflow.protocol.client import SyncDataflowClient
+    from astraflow.trainer.service import run_trainer
+    from astraflow.weights import WeightStore
+    from astraflow.weights.server import create_weight_app, serve_in_thread
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = recipe.policies[policy]
+    keep = spec.trainer.keep_versions
+    # The weight server needs the store to exist before it knows its own URL, and the store stamps
+    # that URL into every WeightVersion it announces: bind first, then create the announcing store.
+    root = run_dir / "weights"
+    url, stop = serve_in_thread(
+        create_weight_app(WeightStore(root), token), weights_host, weights_port
+    )
+    store = WeightStore(root, location=url)
+    log.info("weight server for %s at %s (store %s)", policy, url, root)
+    evals = SyncDataflowClient(dataflow_url, token)
+    every = recipe.evaluation.every_steps
+
+    def publish(version: int, state: dict[str, Any]):
+        written = store.publish(policy, version, state)
+        store.gc(policy, keep)
+        return written
+
+    def on_step(report) -> None:
+        log.info("step v%d: %s", report.version,
+                 {k: round(v, 4) for k, v in report.metrics.items() if "/" not in k})  # fmt: skip
+        last = report.version >= recipe.run.max_steps
+        if every and (report.version % every == 0 or last):
+            _request_eval(evals, policy, report.version)
+
+    if every and recipe.evaluation.at_start and not resume:
+        _request_eval(evals, policy, 0)
+    try:
+        return run_trainer(recipe, policy, dataflow_url, token, run_dir, publish=publish,
+                           on_step=on_step, resume=resume)  # fmt: skip
+    finally:
+        evals.close()
+        stop()
+
+
+def _request_eval(client, policy: str, version: int) -> None:
+    try:
+        client.request_evaluation(
+            EvaluationRequest(
+                idempotency_key=f"eval-{policy}-v{version}",
+                policy=policy,
+                version=version,
+                step=version,
+            )  # fmt: skip
+        )
+    except Exception as exc:  # evaluation is best effort; training goes on
+        log.warning("could not request evaluation of %s v%d: %s", policy, version, exc)
