@@ -57,6 +57,14 @@ def default_task_sets() -> TaskSetRegistry:
     reg.add(TaskSetInfo("qa_file", _lazy("tasks.search:qa_file"), ("train", "test", "validation"),
                         "NQ-open / HotpotQA style QA file (path=); pair with a corpus= env kwarg",
                         "astraflow/Search-v0"))  # fmt: skip
+    reg.add(TaskSetInfo("agentbench_os", _lazy("envs.agentbench.data:os_task_set"),
+                        ("train", "dev", "standard"),
+                        "AgentBench os_interaction (train: 1000 tasks); data_dir= an AgentBench data/",
+                        "astraflow/AgentBench-OS-v0"))  # fmt: skip
+    reg.add(TaskSetInfo("agentbench_db", _lazy("envs.agentbench.data:db_task_set"),
+                        ("dev", "standard"),
+                        "AgentBench dbbench; data_dir= an AgentBench data/ folder",
+                        "astraflow/AgentBench-DB-v0"))  # fmt: skip
     code = _code_sets()
     if code is not None:
         reg.add(

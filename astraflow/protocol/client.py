@@ -147,7 +147,9 @@ class _ClientBase:
     def _error_detail(resp: httpx.Response) -> tuple[str, list[str]]:
         ctype = resp.headers.get("content-type", "")
         try:
-            body = decode_obj(resp.content) if ctype.startswith(MSGPACK) else json.loads(resp.content)
+            body = (
+                decode_obj(resp.content) if ctype.startswith(MSGPACK) else json.loads(resp.content)
+            )
         except Exception:
             return resp.text[:500] or resp.reason_phrase, []
         if isinstance(body, dict):
@@ -170,25 +172,39 @@ class _ClientBase:
                 return decode_obj(resp.content)
             return json.loads(resp.content)
         try:
-            return decode(call.reply, resp.content, MSGPACK if ctype.startswith(MSGPACK) else JSON,
-                          max_bytes=1 << 40)
+            return decode(
+                call.reply,
+                resp.content,
+                MSGPACK if ctype.startswith(MSGPACK) else JSON,
+                max_bytes=1 << 40,
+            )
         except DecodeError as exc:
-            raise DataflowClientError(f"unexpected reply to {call.method} {call.path}: {exc}") from exc
+            raise DataflowClientError(
+                f"unexpected reply to {call.method} {call.path}: {exc}"
+            ) from exc
 
 
 class DataflowClient(_ClientBase):
     """Async client; use as ``async with DataflowClient(url, token) as client: ...``."""
 
-    def __init__(self, base_url: str, token: str, timeout: float = 30.0, retries: int = 5,
-                 backoff_s: float = 0.2, max_backoff_s: float = 5.0,
-                 max_connections: int = 64) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        timeout: float = 30.0,
+        retries: int = 5,
+        backoff_s: float = 0.2,
+        max_backoff_s: float = 5.0,
+        max_connections: int = 64,
+    ) -> None:
         super().__init__(base_url, token, timeout, retries, backoff_s, max_backoff_s)
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             headers=self.headers,
             timeout=timeout,
-            limits=httpx.Limits(max_connections=max_connections,
-                                max_keepalive_connections=max_connections),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
         )
 
     async def __aenter__(self) -> DataflowClient:
@@ -205,7 +221,10 @@ class DataflowClient(_ClientBase):
         for attempt in range(self.retries + 1):
             try:
                 resp = await self._http.request(
-                    call.method, call.path, content=call.body, params=call.params,
+                    call.method,
+                    call.path,
+                    content=call.body,
+                    params=call.params,
                     timeout=self.timeout + call.extra_timeout,
                 )
             except httpx.TransportError as exc:
@@ -219,13 +238,27 @@ class DataflowClient(_ClientBase):
         raise self._unreachable(call, last)
 
     # -- API -----------------------------------------------------------------------------------
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        reply: type[BaseModel] | None = None,
+        extra_timeout: float = 0.0,
+    ) -> Any:
+        """Low-level call with an already msgpack-encoded body (benchmarks, proxies); returns
+        ``reply`` decoded, or plain data when ``reply`` is None. Retries like every method."""
+        return await self._execute(_Call(method, path, body, reply, extra_timeout))
+
     async def healthz(self) -> dict:
         return await self._execute(_Call("GET", "/healthz"))
 
     async def register(self, reg: NodeRegistration | None = None, **fields) -> NodeRegistered:
         return await self._execute(self._register(_model(NodeRegistration, reg, fields)))
 
-    async def heartbeat(self, node_id: str, hb: Heartbeat | None = None, **fields) -> HeartbeatReply:
+    async def heartbeat(
+        self, node_id: str, hb: Heartbeat | None = None, **fields
+    ) -> HeartbeatReply:
         return await self._execute(self._heartbeat(node_id, _model(Heartbeat, hb, fields)))
 
     async def deregister(self, node_id: str) -> Ack:
@@ -239,28 +272,35 @@ class DataflowClient(_ClientBase):
         return await self._execute(self._post("/leases/release", req, Ack))
 
     async def push(self, req: TrajectoryPush | None = None, **fields) -> PushResult:
-        return await self._execute(self._post("/trajectories", _model(TrajectoryPush, req, fields),
-                                              PushResult))
+        return await self._execute(
+            self._post("/trajectories", _model(TrajectoryPush, req, fields), PushResult)
+        )
 
     async def next_batch(self, req: BatchRequest | None = None, **fields) -> BatchReply:
         return await self._execute(self._next_batch(_model(BatchRequest, req, fields)))
 
     async def ack(self, batch_id: str, ack: BatchAck | None = None, **fields) -> Ack:
-        return await self._execute(self._post(f"/batches/{batch_id}/ack",
-                                              _model(BatchAck, ack, fields), Ack))
+        return await self._execute(
+            self._post(f"/batches/{batch_id}/ack", _model(BatchAck, ack, fields), Ack)
+        )
 
     async def announce_version(self, wv: WeightVersion | None = None, **fields) -> Ack:
         return await self._execute(self._post("/versions", _model(WeightVersion, wv, fields), Ack))
 
-    async def request_evaluation(self, req: EvaluationRequest | None = None,
-                                 **fields) -> EvaluationResult:
-        return await self._execute(self._post("/evaluations",
-                                              _model(EvaluationRequest, req, fields),
-                                              EvaluationResult))
+    async def request_evaluation(
+        self, req: EvaluationRequest | None = None, **fields
+    ) -> EvaluationResult:
+        return await self._execute(
+            self._post("/evaluations", _model(EvaluationRequest, req, fields), EvaluationResult)
+        )
 
     async def evaluations(self, policy: str | None = None) -> list[EvaluationResult]:
-        call = _Call("GET", "/evaluations", reply=EvaluationList,
-                     params={"policy": policy} if policy else None)
+        call = _Call(
+            "GET",
+            "/evaluations",
+            reply=EvaluationList,
+            params={"policy": policy} if policy else None,
+        )
         return (await self._execute(call)).evaluations
 
     async def evaluation(self, eval_id: str) -> EvaluationResult:
@@ -273,8 +313,15 @@ class DataflowClient(_ClientBase):
 class SyncDataflowClient(_ClientBase):
     """Blocking client with the same methods, for a trainer thread or scripts."""
 
-    def __init__(self, base_url: str, token: str, timeout: float = 30.0, retries: int = 5,
-                 backoff_s: float = 0.2, max_backoff_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        timeout: float = 30.0,
+        retries: int = 5,
+        backoff_s: float = 0.2,
+        max_backoff_s: float = 5.0,
+    ) -> None:
         super().__init__(base_url, token, timeout, retries, backoff_s, max_backoff_s)
         self._http = httpx.Client(base_url=self.base_url, headers=self.headers, timeout=timeout)
 
@@ -292,7 +339,10 @@ class SyncDataflowClient(_ClientBase):
         for attempt in range(self.retries + 1):
             try:
                 resp = self._http.request(
-                    call.method, call.path, content=call.body, params=call.params,
+                    call.method,
+                    call.path,
+                    content=call.body,
+                    params=call.params,
                     timeout=self.timeout + call.extra_timeout,
                 )
             except httpx.TransportError as exc:
@@ -325,27 +375,35 @@ class SyncDataflowClient(_ClientBase):
         return self._execute(self._post("/leases/release", req, Ack))
 
     def push(self, req: TrajectoryPush | None = None, **fields) -> PushResult:
-        return self._execute(self._post("/trajectories", _model(TrajectoryPush, req, fields),
-                                        PushResult))
+        return self._execute(
+            self._post("/trajectories", _model(TrajectoryPush, req, fields), PushResult)
+        )
 
     def next_batch(self, req: BatchRequest | None = None, **fields) -> BatchReply:
         return self._execute(self._next_batch(_model(BatchRequest, req, fields)))
 
     def ack(self, batch_id: str, ack: BatchAck | None = None, **fields) -> Ack:
-        return self._execute(self._post(f"/batches/{batch_id}/ack", _model(BatchAck, ack, fields),
-                                        Ack))
+        return self._execute(
+            self._post(f"/batches/{batch_id}/ack", _model(BatchAck, ack, fields), Ack)
+        )
 
     def announce_version(self, wv: WeightVersion | None = None, **fields) -> Ack:
         return self._execute(self._post("/versions", _model(WeightVersion, wv, fields), Ack))
 
-    def request_evaluation(self, req: EvaluationRequest | None = None,
-                           **fields) -> EvaluationResult:
-        return self._execute(self._post("/evaluations", _model(EvaluationRequest, req, fields),
-                                        EvaluationResult))
+    def request_evaluation(
+        self, req: EvaluationRequest | None = None, **fields
+    ) -> EvaluationResult:
+        return self._execute(
+            self._post("/evaluations", _model(EvaluationRequest, req, fields), EvaluationResult)
+        )
 
     def evaluations(self, policy: str | None = None) -> list[EvaluationResult]:
-        call = _Call("GET", "/evaluations", reply=EvaluationList,
-                     params={"policy": policy} if policy else None)
+        call = _Call(
+            "GET",
+            "/evaluations",
+            reply=EvaluationList,
+            params={"policy": policy} if policy else None,
+        )
         return self._execute(call).evaluations
 
     def evaluation(self, eval_id: str) -> EvaluationResult:

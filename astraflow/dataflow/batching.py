@@ -1,0 +1,342 @@
+"""Batches: choosing groups for a trainer, advantages, redelivery, acknowledgement, sync rounds.
+
+Advantages are computed at batch time from the group statistics stored at ingestion, following the
+policy's ``trainer.scale_rewards``: ``group`` -> (r - mean) / (std + eps); ``batch`` -> (r - mean) /
+(std of the batch's rewards + eps); ``none`` -> r - mean (eps = 1e-4 as in TRL). Doing it at batch
+time keeps ingestion independent of trainer settings and lets batch-level scaling see the batch.
+Samples that a batching policy drops do not change their group's baseline.
+
+A served batch stays "served" until acknowledged; any request for the same policy gets the oldest
+unacknowledged batch again first (a restarted trainer resumes where it died). Trainers therefore
+acknowledge a batch before asking for the next one.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+
+from astraflow.dataflow import state
+from astraflow.dataflow.context import Context
+from astraflow.dataflow.errors import Invalid, NotFound
+from astraflow.dataflow.leases import current_round
+from astraflow.dataflow.packed import unstore
+from astraflow.dataflow.policies import GroupView, SampleView
+from astraflow.dataflow.store import Tx
+from astraflow.protocol import Ack, BatchAck, BatchRequest, new_id
+
+ADV_EPS = 1e-4
+
+
+def _check_policy(ctx: Context, policy: str) -> None:
+    recipe = ctx.config.recipe
+    if policy not in recipe.policies:
+        raise Invalid(
+            f"unknown policy {policy!r}; recipe policies: {sorted(recipe.policies)}", "policy"
+        )
+    if not recipe.policies[policy].trainable:
+        raise Invalid(
+            f"policy {policy!r} is frozen (trainable = false); it has no buffer", "policy"
+        )
+
+
+def no_more_data(ctx: Context, tx: Tx) -> bool:
+    return ctx.feeder.exhausted(tx) and state.outstanding_training_tasks(tx) == 0
+
+
+def next_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
+    """A BatchReply as a wire dict (packed arrays), or None when the caller should wait."""
+    _check_policy(ctx, req.policy)
+    row = tx.one(
+        "SELECT id FROM batches WHERE policy=? AND state='served' ORDER BY seq LIMIT 1",
+        (req.policy,),
+    )
+    if row is not None:
+        tx.execute("UPDATE batches SET served = served + 1 WHERE id=?", (row[0],))
+        return reply(batch=assemble(tx, row[0]), redelivered=True)
+    done_steps = state.steps(tx).get(req.policy, 0)
+    if done_steps >= ctx.config.recipe.run.max_steps:
+        return reply(done=True, reason=f"policy {req.policy!r} reached run.max_steps")
+    if ctx.config.sync:
+        return _sync_batch(ctx, tx, req)
+    return _async_batch(ctx, tx, req)
+
+
+def reply(
+    batch: dict | None = None,
+    *,
+    reason: str | None = None,
+    done: bool = False,
+    redelivered: bool = False,
+) -> dict:
+    return {"batch": batch, "reason": reason, "done": done, "redelivered": redelivered}
+
+
+def _ready_groups(ctx: Context, tx: Tx, policy: str, round_: int | None = None) -> list[tuple]:
+    sql = (
+        "SELECT seq, id, task_id, task_set, priority, deadline, min_version, reward_mean, "
+        "reward_std FROM groups WHERE policy=? AND state='ready'"
+    )
+    params: tuple = (policy,)
+    if round_ is not None:
+        sql += " AND round=?"
+        params = (policy, round_)
+    rows = tx.execute(sql, params).fetchall()
+    order = ctx.pipeline.group_order
+    rows.sort(
+        key=lambda r: order.sort_key(
+            GroupView(r[1], r[2], policy, r[3], [], r[0], r[6], r[4], r[5])
+        )
+    )
+    return rows
+
+
+def _filter_group(ctx: Context, tx: Tx, group_id: str, trainer_version: int):
+    kept, dropped = [], Counter()
+    for sid, reward, min_v in tx.execute(
+        "SELECT id, reward, min_version FROM samples WHERE group_id=? ORDER BY rowid", (group_id,)
+    ).fetchall():
+        view = SampleView(sid, group_id, reward, min_v)
+        reason = None
+        for f in ctx.pipeline.sample_filters:
+            reason = f.apply(view, trainer_version)
+            if reason:
+                break
+        if reason:
+            dropped[reason] += 1
+        else:
+            kept.append(view)
+    return kept, dropped
+
+
+def _async_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
+    chosen, dropped = [], Counter()
+    for g in _ready_groups(ctx, tx, req.policy):
+        kept, g_dropped = _filter_group(ctx, tx, g[1], req.trainer_version)
+        if not kept:
+            # Every sample of the group is dropped for good (staleness only grows): final.
+            tx.execute("UPDATE groups SET state='dropped' WHERE id=?", (g[1],))
+            state.discard_token_arrays(tx, [g[1]])
+            for reason, n in g_dropped.items():
+                state.count_drop(tx, req.policy, reason, n)
+            dropped.update(g_dropped)
+            continue
+        chosen.append((g, kept, g_dropped))
+        if len(chosen) == req.num_groups:
+            break
+    if len(chosen) < req.num_groups:
+        if not no_more_data(ctx, tx):
+            return None
+        if not chosen:
+            return reply(done=True, reason="task sets exhausted and every group consumed")
+    return _create_batch(ctx, tx, req, chosen, dropped, None)
+
+
+def _sync_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
+    round_ = current_round(tx)
+    if tx.one(
+        "SELECT 1 FROM batches WHERE policy=? AND round=? AND state='acked'", (req.policy, round_)
+    ):
+        return None  # waiting for the other policies and version announcements
+    total, open_ = tx.one(
+        "SELECT COUNT(*), SUM(state != 'done') FROM tasks WHERE is_eval=0 AND round=?", (round_,)
+    )
+    if total == 0:
+        if ctx.feeder.exhausted(tx):
+            return reply(done=True, reason="task sets exhausted")
+        return None
+    if open_:
+        return None
+    chosen, dropped = [], Counter()
+    for g in _ready_groups(ctx, tx, req.policy, round_):
+        kept, g_dropped = _filter_group(ctx, tx, g[1], req.trainer_version)
+        if not kept:
+            tx.execute("UPDATE groups SET state='dropped' WHERE id=?", (g[1],))
+            state.discard_token_arrays(tx, [g[1]])
+            for reason, n in g_dropped.items():
+                state.count_drop(tx, req.policy, reason, n)
+            dropped.update(g_dropped)
+            continue
+        chosen.append((g, kept, g_dropped))
+    return _create_batch(ctx, tx, req, chosen, dropped, round_)
+
+
+def _create_batch(ctx, tx, req, chosen, dropped: Counter, round_) -> dict:
+    scale = ctx.config.recipe.policies[req.policy].trainer.scale_rewards
+    all_rewards = [s.reward for _, kept, _ in chosen for s in kept]
+    batch_std = statistics.stdev(all_rewards) if len(all_rewards) > 1 else 0.0
+    layout, staleness = [], Counter()
+    for g, kept, g_dropped in chosen:
+        mean, std = g[7], g[8]
+        for reason, n in g_dropped.items():
+            state.count_drop(tx, req.policy, reason, n)
+        dropped.update(g_dropped)
+        entries = []
+        for s in kept:
+            if scale == "group":
+                adv = (s.reward - mean) / (std + ADV_EPS)
+            elif scale == "batch":
+                adv = (s.reward - mean) / (batch_std + ADV_EPS)
+            else:
+                adv = s.reward - mean
+            entries.append([s.id, adv, s.weight])
+            staleness[s.staleness(req.trainer_version)] += 1
+        layout.append([g[1], entries])
+    batch_id = new_id("batch")
+    n = len(all_rewards)
+    summary = {
+        "samples": n,
+        "groups": len(chosen),
+        "reward_mean": statistics.fmean(all_rewards) if all_rewards else None,
+        "staleness": {str(k): v for k, v in sorted(staleness.items())},
+        "dropped": dict(dropped),
+    }
+    tx.execute(
+        "INSERT INTO batches(id, policy, trainer_id, trainer_version, round, layout, summary, "
+        "state, created_at) VALUES(?,?,?,?,?,?,?,'served',?)",
+        (
+            batch_id,
+            req.policy,
+            req.trainer_id,
+            req.trainer_version,
+            round_,
+            json.dumps(layout),
+            json.dumps(summary),
+            ctx.now(),
+        ),
+    )
+    tx.executemany(
+        "UPDATE groups SET state='batched', batch_id=? WHERE id=?",
+        [(batch_id, g[1]) for g, _, _ in chosen],
+    )
+    return reply(batch=assemble(tx, batch_id))
+
+
+def assemble(tx: Tx, batch_id: str) -> dict:
+    """The stored batch as a wire dict: the same groups, samples, advantages and weights as when
+    it was first served (token arrays stay the packed bytes they were stored as)."""
+    policy, trainer_version, layout, summary = tx.one(
+        "SELECT policy, trainer_version, layout, summary FROM batches WHERE id=?", (batch_id,)
+    )
+    groups = []
+    for group_id, entries in json.loads(layout):
+        g = tx.one(
+            "SELECT task_id, task_set, reward_mean, reward_std FROM groups WHERE id=?", (group_id,)
+        )
+        samples = []
+        for sid, adv, weight in entries:
+            r = tx.one(
+                "SELECT role, task_id, episode_id, tokens, loss_mask, logprobs, versions, reward "
+                "FROM samples WHERE id=?",
+                (sid,),
+            )
+            tokens, loss_mask, logprobs, versions = unstore(r[3], r[4], r[5], r[6])
+            samples.append(
+                {
+                    "id": sid,
+                    "policy": policy,
+                    "role": r[0],
+                    "task_id": r[1],
+                    "episode_id": r[2],
+                    "group_id": group_id,
+                    "tokens": tokens,
+                    "loss_mask": loss_mask,
+                    "logprobs": logprobs,
+                    "versions": versions,
+                    "reward": r[7],
+                    "advantage": adv,
+                    "weight": weight,
+                }
+            )
+        groups.append(
+            {
+                "id": group_id,
+                "task_id": g[0],
+                "policy": policy,
+                "task_set": g[1],
+                "samples": samples,
+                "reward_mean": g[2],
+                "reward_std": g[3],
+            }
+        )
+    return {
+        "id": batch_id,
+        "policy": policy,
+        "trainer_version": trainer_version,
+        "groups": groups,
+        "dropped": json.loads(summary)["dropped"],
+    }
+
+
+def ack(ctx: Context, tx: Tx, batch_id: str, req: BatchAck) -> Ack:
+    cached = state.remembered(tx, req.idempotency_key, "ack")
+    if cached is not None:
+        return Ack.model_validate(state.unpack(cached))
+    now = ctx.now()
+    row = tx.one("SELECT policy, state, summary, round FROM batches WHERE id=?", (batch_id,))
+    if row is None:
+        raise NotFound(f"unknown batch {batch_id!r}", "batch_id")
+    policy, b_state, summary_json, round_ = row
+    if b_state == "acked":
+        result = Ack(ok=True, detail="batch was already acknowledged", at=now)
+    else:
+        step = state.steps(tx).get(policy, 0) + 1
+        tx.execute(
+            "UPDATE batches SET state='acked', acked_at=?, step=? WHERE id=?",
+            (now, step, batch_id),
+        )
+        groups = [r[0] for r in tx.execute("SELECT id FROM groups WHERE batch_id=?", (batch_id,))]
+        state.discard_token_arrays(tx, groups)
+        summary = json.loads(summary_json)
+        hist = {int(k): v for k, v in summary["staleness"].items()}
+        tx.executemany(
+            "INSERT INTO staleness(policy, staleness, count) VALUES(?,?,?) "
+            "ON CONFLICT(policy, staleness) DO UPDATE SET count = count + excluded.count",
+            [(policy, k, v) for k, v in hist.items()],
+        )
+        n = sum(hist.values())
+        ctx.metrics.record(
+            tx,
+            {
+                "type": "step",
+                "policy": policy,
+                "step": step,
+                "version": req.trainer_version,
+                "batch_id": batch_id,
+                "samples": summary["samples"],
+                "groups": summary["groups"],
+                "reward_mean": summary["reward_mean"],
+                "staleness_mean": (sum(k * v for k, v in hist.items()) / n) if n else None,
+                "staleness_max": max(hist) if hist else None,
+                "dropped": summary["dropped"],
+                "metrics": req.metrics,
+                "time": now,
+            },
+        )
+        result = Ack(ok=True, detail=f"step {step} of {policy!r} recorded", at=now)
+        if ctx.config.sync:
+            maybe_advance_round(ctx, tx)
+    state.remember(tx, req.idempotency_key, "ack", state.pack(result.model_dump()), now)
+    return result
+
+
+def start_round(ctx: Context, tx: Tx, round_: int) -> None:
+    tx.set_meta("round", str(round_))
+    ctx.feeder.enqueue(tx, ctx.config.round_size, round_=round_)
+
+
+def maybe_advance_round(ctx: Context, tx: Tx) -> bool:
+    """Sync mode: start round r+1 once every trainable policy acked round r's batch and
+    announced version r+1."""
+    round_ = current_round(tx)
+    latest = state.latest_versions(tx)
+    for p in ctx.config.trainable:
+        if not tx.one(
+            "SELECT 1 FROM batches WHERE policy=? AND round=? AND state='acked'", (p, round_)
+        ):
+            return False
+        if latest.get(p, -1) < round_ + 1:
+            return False
+    start_round(ctx, tx, round_ + 1)
+    return True

@@ -1,0 +1,269 @@
+"""Task leases: granting (with admission control and sync rounds), renewal, expiry, release.
+
+A lease hands one task (all ``group_size`` episodes of it) to one node until a deadline. Heartbeats
+extend the deadlines of the node's leases; a lease past its deadline returns its task to the queue
+so another node can run it. The first lease to deliver the whole group wins the task (see
+:mod:`astraflow.dataflow.ingest`), so a partitioned node that comes back late never duplicates data.
+"""
+
+from __future__ import annotations
+
+import json
+
+from astraflow.dataflow import state
+from astraflow.dataflow.context import Context
+from astraflow.dataflow.errors import Invalid, NotFound
+from astraflow.dataflow.feeder import load_task
+from astraflow.dataflow.policies import TaskView
+from astraflow.dataflow.store import Tx
+from astraflow.protocol import (
+    HeartbeatReply,
+    Lease,
+    LeaseGrant,
+    LeaseRelease,
+    LeaseRequest,
+    new_id,
+)
+from astraflow.protocol.messages import Heartbeat
+
+#: Most pending training tasks considered per lease request (the window keeps it far smaller).
+MAX_CANDIDATES = 20_000
+
+
+def expire_overdue(ctx: Context, tx: Tx) -> int:
+    """Expire active leases past their deadline and put their unfinished tasks back."""
+    now = ctx.now()
+    rows = tx.execute(
+        "SELECT id, task_id FROM leases WHERE state='active' AND deadline < ?", (now,)
+    ).fetchall()
+    if not rows:
+        return 0
+    tx.executemany("UPDATE leases SET state='expired' WHERE id=?", [(r[0],) for r in rows])
+    for task_id in {r[1] for r in rows}:
+        requeue_if_orphaned(tx, task_id)
+    return len(rows)
+
+
+def requeue_if_orphaned(tx: Tx, task_id: str) -> None:
+    active = tx.scalar(
+        "SELECT COUNT(*) FROM leases WHERE task_id=? AND state='active'", (task_id,), 0
+    )
+    if not active:
+        tx.execute("UPDATE tasks SET state='pending' WHERE id=? AND state='leased'", (task_id,))
+
+
+def current_round(tx: Tx) -> int:
+    return int(tx.get_meta("round", "0"))
+
+
+def nodes_done(ctx: Context, tx: Tx) -> bool:
+    """Nodes may leave: training is over, no evaluation is outstanding, grace period passed."""
+    exhausted = ctx.feeder.exhausted(tx)
+    if not state.training_done(tx, ctx.config, exhausted):
+        return False
+    since = state.mark_done_time(tx, ctx.now())
+    if state.outstanding_evals(tx):
+        return False
+    return ctx.now() - since >= ctx.config.done_grace_s
+
+
+def touch_node(ctx: Context, tx: Tx, node_id: str, versions: dict[str, int] | None) -> None:
+    row = tx.one("SELECT state FROM nodes WHERE id=?", (node_id,))
+    if row is None:
+        raise NotFound(f"unknown node {node_id!r}; register with POST /nodes first", "node_id")
+    if row[0] != "active":
+        raise NotFound(f"node {node_id!r} has deregistered; register again", "node_id")
+    if versions:
+        tx.execute(
+            "UPDATE nodes SET last_heartbeat=?, versions=? WHERE id=?",
+            (ctx.now(), json.dumps(versions), node_id),
+        )
+    else:
+        tx.execute("UPDATE nodes SET last_heartbeat=? WHERE id=?", (ctx.now(), node_id))
+
+
+def _admission(ctx: Context, req: LeaseRequest, latest: dict[str, int]) -> str | None:
+    """Why this node may not start training tasks now (None if it may)."""
+    needed = ctx.config.workflow_policies
+    missing = [p for p in needed if p not in req.versions]
+    if missing:
+        return (
+            f"node holds no weights for policies {missing}; the workflow's roles need "
+            f"{needed} (report them in LeaseRequest.versions)"
+        )
+    lagging = []
+    for p in needed:
+        lag_bound = ctx.config.recipe.max_lag_for(p)
+        if p in latest and req.versions[p] < latest[p] - lag_bound:
+            lagging.append(
+                f"{p}: node holds version {req.versions[p]}, latest is {latest[p]} "
+                f"(max_lag {lag_bound})"
+            )
+    if lagging:
+        return "admission control: weights too stale; update before leasing: " + "; ".join(lagging)
+    return None
+
+
+def _eval_candidates(tx: Tx, req: LeaseRequest, limit: int) -> list[tuple]:
+    if not req.versions:
+        return []
+    rows = tx.execute(
+        "SELECT seq, id, body, eval_policy, min_version, priority FROM tasks "
+        "WHERE state='pending' AND is_eval=1 ORDER BY priority DESC, seq LIMIT ?",
+        (MAX_CANDIDATES,),
+    ).fetchall()
+    out = [r for r in rows if req.versions.get(r[3], -1) >= (r[4] or 0)]
+    return out[:limit]
+
+
+def _training_candidates(ctx: Context, tx: Tx, want: int, round_: int | None) -> list[tuple]:
+    if round_ is None:
+        pending = tx.scalar("SELECT COUNT(*) FROM tasks WHERE state='pending' AND is_eval=0", (), 0)
+        need = want + ctx.config.task_window
+        if pending < need:
+            ctx.feeder.enqueue(tx, need - pending)
+        rows = tx.execute(
+            "SELECT seq, id, body, task_set, priority, deadline FROM tasks "
+            "WHERE state='pending' AND is_eval=0 ORDER BY seq LIMIT ?",
+            (MAX_CANDIDATES,),
+        ).fetchall()
+    else:
+        rows = tx.execute(
+            "SELECT seq, id, body, task_set, priority, deadline FROM tasks "
+            "WHERE state='pending' AND is_eval=0 AND round=? ORDER BY seq",
+            (round_,),
+        ).fetchall()
+    order = ctx.pipeline.task_order
+    rows.sort(key=lambda r: order.sort_key(TaskView(r[1], r[3], r[0], r[4], r[5])))
+    return rows[:want]
+
+
+def grant(ctx: Context, tx: Tx, req: LeaseRequest) -> LeaseGrant:
+    cached = state.remembered(tx, req.idempotency_key, "lease")
+    if cached is not None:
+        return LeaseGrant.model_validate(state.unpack(cached))
+    touch_node(ctx, tx, req.node_id, req.versions)
+    expire_overdue(ctx, tx)
+    now = ctx.now()
+    latest = state.latest_versions(tx)
+    reply = LeaseGrant(latest_versions=latest, weight_locations=state.weight_locations(tx))
+    if nodes_done(ctx, tx):
+        reply.done = True
+        reply.reason = "run complete: every trainable policy reached run.max_steps"
+        _remember(ctx, tx, req, reply)
+        return reply
+    chosen = list(_eval_candidates(tx, req, req.max_tasks))
+    remaining = req.max_tasks - len(chosen)
+    reason = None
+    exhausted = ctx.feeder.exhausted(tx)
+    if remaining > 0 and not state.training_done(tx, ctx.config, exhausted):
+        reason = _admission(ctx, req, latest)
+        round_ = None
+        if reason is None and ctx.config.sync:
+            round_ = current_round(tx)
+            behind = [p for p in ctx.config.trainable if req.versions.get(p, -1) != round_]
+            if behind:
+                reason = (
+                    f"sync mode: round {round_} runs only on nodes holding version {round_} "
+                    f"of {ctx.config.trainable}; this node holds "
+                    f"{ {p: req.versions.get(p) for p in ctx.config.trainable} }"
+                )
+        if reason is None:
+            chosen.extend(_training_candidates(ctx, tx, remaining, round_))
+    for row in chosen:
+        task = load_task(row[2])
+        lease = Lease(
+            id=new_id("lease"),
+            task=task,
+            node_id=req.node_id,
+            deadline=now + ctx.config.lease_timeout_s,
+            issued_at=now,
+            versions=dict(req.versions),
+        )
+        tx.execute(
+            "INSERT INTO leases(id, task_id, node_id, issued_at, deadline, state, versions) "
+            "VALUES(?,?,?,?,?,'active',?)",
+            (lease.id, task.id, req.node_id, now, lease.deadline, json.dumps(req.versions)),
+        )
+        tx.execute("UPDATE tasks SET state='leased' WHERE id=?", (task.id,))
+        reply.leases.append(lease)
+    if len(reply.leases) < req.max_tasks and reason is None:
+        exhausted = ctx.feeder.exhausted(tx)
+        if state.training_done(tx, ctx.config, exhausted):
+            reason = "training is complete; only evaluation tasks remain"
+        elif exhausted:
+            reason = "all task sets are exhausted; waiting for in-flight tasks"
+        elif ctx.config.sync:
+            reason = f"sync mode: round {current_round(tx)} has no more pending tasks"
+        else:
+            reason = "no pending tasks right now"
+    reply.reason = reason
+    _remember(ctx, tx, req, reply)
+    return reply
+
+
+def _remember(ctx: Context, tx: Tx, req: LeaseRequest, reply: LeaseGrant) -> None:
+    if req.idempotency_key:
+        state.remember(
+            tx, req.idempotency_key, "lease", state.pack(reply.model_dump(mode="json")), ctx.now()
+        )
+
+
+def heartbeat(ctx: Context, tx: Tx, node_id: str, hb: Heartbeat) -> HeartbeatReply:
+    touch_node(ctx, tx, node_id, hb.versions)
+    if hb.metrics:
+        tx.execute("UPDATE nodes SET metrics=? WHERE id=?", (json.dumps(hb.metrics), node_id))
+    expire_overdue(ctx, tx)
+    now = ctx.now()
+    renewed = [
+        r[0]
+        for r in tx.execute(
+            "SELECT id FROM leases WHERE node_id=? AND state='active'", (node_id,)
+        ).fetchall()
+    ]
+    tx.execute(
+        "UPDATE leases SET deadline=? WHERE node_id=? AND state='active'",
+        (now + ctx.config.lease_timeout_s, node_id),
+    )
+    lost = []
+    for lease_id in hb.in_flight:
+        row = tx.one(
+            "SELECT l.state, t.state, t.winner FROM leases l JOIN tasks t ON t.id = l.task_id "
+            "WHERE l.id=? AND l.node_id=?",
+            (lease_id, node_id),
+        )
+        if row is None or row[0] in ("superseded", "released"):
+            lost.append(lease_id)
+        elif row[1] == "done" and row[2] != lease_id:
+            lost.append(lease_id)
+    return HeartbeatReply(
+        latest_versions=state.latest_versions(tx),
+        renewed=renewed,
+        lost=lost,
+        weight_locations=state.weight_locations(tx),
+        stop=nodes_done(ctx, tx),
+    )
+
+
+def release(ctx: Context, tx: Tx, req: LeaseRelease) -> int:
+    """Give leases back (a node shutting down or shedding load); returns how many were active."""
+    touch_node(ctx, tx, req.node_id, None)
+    released = 0
+    for lease_id in req.lease_ids:
+        row = tx.one("SELECT node_id, task_id, state FROM leases WHERE id=?", (lease_id,))
+        if row is None:
+            raise NotFound(f"unknown lease {lease_id!r}", "lease_ids")
+        if row[0] != req.node_id:
+            raise Invalid(f"lease {lease_id!r} belongs to another node", "lease_ids")
+        if row[2] == "active":
+            tx.execute("UPDATE leases SET state='released' WHERE id=?", (lease_id,))
+            requeue_if_orphaned(tx, row[1])
+            released += 1
+    return released
+
+
+def release_node(ctx: Context, tx: Tx, node_id: str) -> int:
+    rows = tx.execute(
+        "SELECT id FROM leases WHERE node_id=? AND state='active'", (node_id,)
+    ).fetchall()
+    return release(ctx, tx, LeaseRelease(node_id=node_id, lease_ids=[r[0] for r in rows]))

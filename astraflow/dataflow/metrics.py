@@ -1,0 +1,59 @@
+"""run_dir/metrics.jsonl, written by the dataflow service alone (one line per step and eval).
+
+Records are first inserted into the store inside the transaction that acknowledges the step, then
+appended to the file after the commit. Each line carries the record's ``seq``; on startup the
+service appends the records the file is missing, so a crash between commit and append loses no
+line and duplicates none.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from astraflow.dataflow.store import Tx
+
+
+class MetricsLog:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._last_seq = self._last_seq_in_file()
+
+    def _last_seq_in_file(self) -> int:
+        if not self.path.exists():
+            return 0
+        last = 0
+        with self.path.open("rb") as f:
+            for line in f:
+                try:
+                    last = max(last, int(json.loads(line).get("seq", 0)))
+                except (ValueError, AttributeError):
+                    continue
+        return last
+
+    def record(self, tx: Tx, record: dict) -> None:
+        """Store ``record`` in this transaction; it reaches the file after the commit."""
+        cur = tx.execute("INSERT INTO metric_records(body) VALUES(?)", (json.dumps(record),))
+        seq = cur.lastrowid
+        line = json.dumps({"seq": seq, **record}, sort_keys=False)
+        tx.after_commit.append(lambda: self._append(seq, line))
+
+    def _append(self, seq: int, line: str) -> None:
+        with self._lock:
+            if seq <= self._last_seq:
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(line + "\n")
+            self._last_seq = seq
+
+    def recover(self, tx: Tx) -> int:
+        """Append committed records missing from the file; returns how many were written."""
+        rows = tx.execute(
+            "SELECT seq, body FROM metric_records WHERE seq > ? ORDER BY seq", (self._last_seq,)
+        ).fetchall()
+        for seq, body in rows:
+            self._append(seq, json.dumps({"seq": seq, **json.loads(body)}))
+        return len(rows)

@@ -1,0 +1,132 @@
+"""Fast decoding of trajectory pushes whose token arrays are packed (the msgpack wire format).
+
+Why: a push of one 1-4k-token episode is ~40 KB of per-token arrays. Expanding them into Python
+lists for pydantic and packing them back into bytes for SQLite cost about 1 ms of CPU per push, most
+of the service's time under load. Here the packed arrays are checked with numpy instead (same rules
+as :class:`astraflow.protocol.Trajectory`: whole items, aligned lengths, 0/1 loss mask, length
+limit) and stored as they arrived, while every other field still goes through pydantic. A 422
+names the offending field exactly as the pydantic path would.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+
+from astraflow.protocol import TrajectoryPush
+from astraflow.protocol.arrays import MAX_ARRAY_ITEMS
+from astraflow.protocol.codec import BodyTooLarge, DecodeError, validate
+
+ARRAY_FIELDS = (("tokens", "<i4"), ("loss_mask", "<i4"), ("logprobs", "<f4"), ("versions", "<i4"))
+
+
+@dataclass
+class PackedArrays:
+    """One trajectory's per-token arrays as little-endian bytes, plus what ingestion needs."""
+
+    tokens: bytes
+    loss_mask: bytes
+    logprobs: bytes
+    versions: bytes
+    n_tokens: int
+    min_version: int
+    max_version: int
+
+    def stored(self) -> tuple[bytes, bytes, bytes, bytes]:
+        """The arrays as stored in SQLite: loss mask and versions are runs of a few values, so
+        they are zlib-compressed (~40x smaller), halving the bytes written per sample; tokens and
+        log-probs are stored as they arrived. :func:`unstore` reverses this."""
+        return (
+            self.tokens,
+            zlib.compress(self.loss_mask, 1),
+            self.logprobs,
+            zlib.compress(self.versions, 1),
+        )
+
+    @classmethod
+    def from_lists(cls, tokens, loss_mask, logprobs, versions) -> PackedArrays:
+        t = np.asarray(tokens, dtype="<i4")
+        m = np.asarray(loss_mask, dtype="<i4")
+        v = np.asarray(versions, dtype="<i4")
+        return cls._build(t, m, np.asarray(logprobs, dtype="<f4"), v)
+
+    @classmethod
+    def _build(cls, t, m, lp, v) -> PackedArrays:
+        gen = v[m == 1]
+        return cls(
+            tokens=t.tobytes(),
+            loss_mask=m.tobytes(),
+            logprobs=lp.tobytes(),
+            versions=v.tobytes(),
+            n_tokens=int(t.size),
+            min_version=int(gen.min()) if gen.size else -1,
+            max_version=int(gen.max()) if gen.size else -1,
+        )
+
+
+def unstore(tokens: bytes, loss_mask: bytes, logprobs: bytes, versions: bytes):
+    """Wire-format (packed little-endian) arrays from their stored form."""
+    return tokens, zlib.decompress(loss_mask), logprobs, zlib.decompress(versions)
+
+
+def _fail(where: str, message: str) -> DecodeError:
+    return DecodeError(f"invalid TrajectoryPush: {where}: {message}", [where])
+
+
+def check_packed(tr: dict, where: str) -> PackedArrays:
+    arrays = {}
+    for name, dtype in ARRAY_FIELDS:
+        buf = tr[name]
+        if len(buf) % 4:
+            raise _fail(
+                f"{where}.{name}",
+                f"packed array of {len(buf)} bytes is not a whole number of {dtype} items",
+            )
+        arrays[name] = np.frombuffer(buf, dtype=dtype)
+    n = arrays["tokens"].size
+    if n > MAX_ARRAY_ITEMS:
+        raise _fail(f"{where}.tokens", f"array of {n} items exceeds the limit of {MAX_ARRAY_ITEMS}")
+    for name in ("loss_mask", "logprobs", "versions"):
+        if arrays[name].size != n:
+            raise _fail(
+                f"{where}.{name}",
+                f"{name} has {arrays[name].size} entries but tokens has {n}; per-token arrays "
+                "must align with tokens",
+            )
+    mask = arrays["loss_mask"]
+    if mask.size and not bool(np.all((mask == 0) | (mask == 1))):
+        raise _fail(f"{where}.loss_mask", "loss_mask must contain only 0 and 1")
+    return PackedArrays._build(arrays["tokens"], mask, arrays["logprobs"], arrays["versions"])
+
+
+def decode_push(
+    body: bytes, limit: int
+) -> tuple[TrajectoryPush, dict[tuple[int, int], PackedArrays]]:
+    """A validated push and the packed arrays of its trajectories, keyed (episode, trajectory).
+
+    Trajectories whose arrays arrived as lists are validated by pydantic as usual and get no entry
+    (ingestion packs them itself)."""
+    if len(body) > limit:
+        raise BodyTooLarge(f"body of {len(body)} bytes exceeds the limit of {limit} bytes")
+    try:
+        raw = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except (ValueError, TypeError, RecursionError, msgpack.UnpackException) as exc:
+        raise DecodeError(f"body is not valid msgpack: {exc or type(exc).__name__}") from exc
+    packed: dict[tuple[int, int], PackedArrays] = {}
+    episodes = raw.get("episodes") if isinstance(raw, dict) else None
+    if isinstance(episodes, list):
+        for i, ep in enumerate(episodes):
+            trajs = ep.get("trajectories") if isinstance(ep, dict) else None
+            if not isinstance(trajs, list):
+                continue
+            for j, tr in enumerate(trajs):
+                if isinstance(tr, dict) and all(
+                    isinstance(tr.get(name), bytes) for name, _ in ARRAY_FIELDS
+                ):
+                    packed[(i, j)] = check_packed(tr, f"episodes.{i}.trajectories.{j}")
+                    for name, _ in ARRAY_FIELDS:
+                        tr[name] = []
+    return validate(TrajectoryPush, raw), packed

@@ -1,0 +1,151 @@
+"""Registry of dataflow policies (built-ins plus the ``astraflow.policies`` entry-point group).
+
+A third-party package exposes a callable through the entry-point group; it receives nothing and
+returns (or yields) :class:`~astraflow.dataflow.policies.base.DataflowPolicy` subclasses. Recipes
+then name them in ``[[dataflow.policies]]`` exactly like the built-ins.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+from astraflow.dataflow.policies.base import (
+    DataflowPolicy,
+    GroupFilter,
+    MixingPolicy,
+    OrderingPolicy,
+    PolicyConfigError,
+    SampleFilter,
+)
+from astraflow.dataflow.policies.selection import FifoOrder
+
+POLICY_GROUP = "astraflow.policies"
+
+
+def builtin_policies() -> list[type[DataflowPolicy]]:
+    """Entry point of the built-ins (registered in pyproject.toml like any plugin)."""
+    from astraflow.dataflow.policies.batching import StalenessBound
+    from astraflow.dataflow.policies.ingestion import ZeroVarianceFilter
+    from astraflow.dataflow.policies.selection import (
+        EarliestDeadlineFirst,
+        FifoOrder,
+        PriorityOrder,
+        TaskSetMixing,
+    )
+
+    return [
+        FifoOrder,
+        PriorityOrder,
+        EarliestDeadlineFirst,
+        TaskSetMixing,
+        ZeroVarianceFilter,
+        StalenessBound,
+    ]
+
+
+class PolicyRegistry:
+    def __init__(self, group: str = POLICY_GROUP) -> None:
+        self.group = group
+        self._classes: dict[str, type[DataflowPolicy]] = {}
+        self.errors: dict[str, str] = {}
+        self._loaded = False
+
+    def add(self, cls: type[DataflowPolicy]) -> None:
+        if not cls.name:
+            raise PolicyConfigError(f"{cls.__name__} has no name")
+        self._classes[cls.name] = cls
+
+    def discover(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        for cls in builtin_policies():
+            self.add(cls)
+        for ep in entry_points(group=self.group):
+            try:
+                classes: Iterable[type[DataflowPolicy]] = ep.load()() or []
+                for cls in classes:
+                    self.add(cls)
+            except Exception as exc:  # a broken plugin must not break the service
+                self.errors[ep.name] = f"{type(exc).__name__}: {exc}"
+
+    def names(self) -> list[str]:
+        self.discover()
+        return sorted(self._classes)
+
+    def get(self, name: str) -> type[DataflowPolicy]:
+        self.discover()
+        try:
+            return self._classes[name]
+        except KeyError:
+            close = difflib.get_close_matches(name, list(self._classes), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise PolicyConfigError(
+                f"unknown dataflow policy {name!r}{hint} (known: {', '.join(self.names())})"
+            ) from None
+
+    def build(self, name: str, kwargs: dict[str, Any]) -> DataflowPolicy:
+        cls = self.get(name)
+        try:
+            return cls(**kwargs)
+        except PolicyConfigError:
+            raise
+        except TypeError as exc:
+            raise PolicyConfigError(
+                f"dataflow policy {name!r}: bad kwargs {kwargs}: {exc}"
+            ) from None
+
+
+@dataclass
+class Pipeline:
+    """The configured policies of one run, grouped by what the service asks of them."""
+
+    task_order: OrderingPolicy = field(default_factory=FifoOrder)
+    group_order: OrderingPolicy = field(default_factory=lambda: FifoOrder(stage="batching"))
+    mixing: list[MixingPolicy] = field(default_factory=list)
+    group_filters: list[GroupFilter] = field(default_factory=list)
+    sample_filters: list[SampleFilter] = field(default_factory=list)
+    all: list[DataflowPolicy] = field(default_factory=list)
+
+    @classmethod
+    def from_config(
+        cls, configs: Iterable[Any], registry: PolicyRegistry | None = None
+    ) -> Pipeline:
+        """Build from ``recipe.dataflow.policies`` (objects with ``name`` and ``kwargs``)."""
+        registry = registry or PolicyRegistry()
+        pipe = cls()
+        for cfg in configs:
+            policy = registry.build(cfg.name, dict(cfg.kwargs))
+            pipe.add(policy)
+        return pipe
+
+    def add(self, policy: DataflowPolicy) -> None:
+        self.all.append(policy)
+        if isinstance(policy, OrderingPolicy):
+            if policy.stage == "batching":
+                self.group_order = policy
+            else:
+                self.task_order = policy
+        elif isinstance(policy, MixingPolicy):
+            self.mixing.append(policy)
+        elif isinstance(policy, GroupFilter):
+            self.group_filters.append(policy)
+        elif isinstance(policy, SampleFilter):
+            self.sample_filters.append(policy)
+        else:
+            raise PolicyConfigError(
+                f"dataflow policy {policy.name!r} ({type(policy).__name__}) implements no known "
+                "stage interface (OrderingPolicy, MixingPolicy, GroupFilter, SampleFilter)"
+            )
+
+    def set_weights(self, weights: dict[str, float]) -> dict[str, float]:
+        for m in self.mixing:
+            weights = m.weights(weights)
+        return weights
+
+    def describe(self) -> list[dict[str, str]]:
+        return [{"name": p.name, "stage": p.stage} for p in self.all]

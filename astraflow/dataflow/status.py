@@ -1,0 +1,169 @@
+"""GET /status: one document with everything the live view and the launcher need."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from astraflow.dataflow import evaluations, state
+from astraflow.dataflow.context import Context
+from astraflow.dataflow.leases import current_round, nodes_done
+from astraflow.dataflow.store import Tx
+from astraflow.protocol import EvaluationResult
+
+#: Window for node throughput (episodes per second over the last minute).
+THROUGHPUT_WINDOW_S = 60.0
+
+
+class NodeStatus(BaseModel):
+    id: str
+    name: str
+    region: str
+    state: str
+    last_heartbeat: float
+    seconds_since_heartbeat: float
+    versions: dict[str, int]
+    episodes: int
+    episodes_per_s: float
+    active_leases: int
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class PolicyStatus(BaseModel):
+    trainable: bool
+    latest_version: int | None
+    weight_location: str | None
+    steps: int
+    max_steps: int
+    buffer_groups: int = Field(description="Complete groups waiting for a batch")
+    buffer_samples: int
+    unacked_batches: int
+    staleness: dict[str, int] = Field(description="Histogram of sample staleness in acked batches")
+    dropped: dict[str, int] = Field(description="Samples dropped, by reason")
+
+
+class DataflowStatus(BaseModel):
+    run: str
+    mode: str
+    time: float
+    done: bool
+    training_done: bool
+    round: int | None = None
+    queue: dict[str, int] = Field(description="Pending tasks: training per task set, and 'eval'")
+    in_flight_leases: int
+    expired_leases: int
+    tasks_done: int
+    episodes: int
+    episodes_per_s: float
+    nodes: list[NodeStatus]
+    policies: dict[str, PolicyStatus]
+    evaluations: list[EvaluationResult]
+    dataflow_policies: list[dict[str, str]]
+    store: dict[str, Any] = Field(default_factory=dict)
+
+
+def build(ctx: Context, tx: Tx) -> DataflowStatus:
+    now = ctx.now()
+    cfg = ctx.config
+    recipe = cfg.recipe
+    queue: dict[str, int] = {}
+    for task_set, is_eval, n in tx.execute(
+        "SELECT task_set, is_eval, COUNT(*) FROM tasks WHERE state='pending' "
+        "GROUP BY task_set, is_eval"
+    ):
+        key = "eval" if is_eval else task_set
+        queue[key] = queue.get(key, 0) + n
+    lease_counts = dict(tx.execute("SELECT state, COUNT(*) FROM leases GROUP BY state").fetchall())
+    since = now - THROUGHPUT_WINDOW_S
+    recent = dict(
+        tx.execute(
+            "SELECT node_id, COUNT(*) FROM episodes WHERE created_at > ? GROUP BY node_id",
+            (since,),
+        ).fetchall()
+    )
+    active = dict(
+        tx.execute(
+            "SELECT node_id, COUNT(*) FROM leases WHERE state='active' GROUP BY node_id"
+        ).fetchall()
+    )
+    nodes = []
+    for nid, body, versions, n_state, last_hb, episodes, metrics in tx.execute(
+        "SELECT id, body, versions, state, last_heartbeat, episodes, metrics FROM nodes "
+        "ORDER BY registered_at"
+    ).fetchall():
+        reg = json.loads(body)
+        silent = now - last_hb
+        shown_state = n_state
+        if n_state == "active" and silent > cfg.lease_timeout_s:
+            shown_state = "silent"
+        nodes.append(
+            NodeStatus(
+                id=nid,
+                name=reg.get("name", ""),
+                region=reg.get("region", ""),
+                state=shown_state,
+                last_heartbeat=last_hb,
+                seconds_since_heartbeat=round(silent, 3),
+                versions=json.loads(versions),
+                episodes=episodes,
+                episodes_per_s=recent.get(nid, 0) / THROUGHPUT_WINDOW_S,
+                active_leases=active.get(nid, 0),
+                metrics=json.loads(metrics),
+            )
+        )
+    latest = state.latest_weights(tx)
+    steps = state.steps(tx)
+    drops = state.drops(tx)
+    buffers = {
+        p: (g, s)
+        for p, g, s in tx.execute(
+            "SELECT policy, COUNT(*), SUM(size) FROM groups WHERE state='ready' GROUP BY policy"
+        )
+    }
+    unacked = dict(
+        tx.execute(
+            "SELECT policy, COUNT(*) FROM batches WHERE state='served' GROUP BY policy"
+        ).fetchall()
+    )
+    hist: dict[str, dict[str, int]] = {}
+    for p, k, v in tx.execute("SELECT policy, staleness, count FROM staleness ORDER BY staleness"):
+        hist.setdefault(p, {})[str(k)] = v
+    policies = {}
+    for name, pc in recipe.policies.items():
+        wv = latest.get(name)
+        g, s = buffers.get(name, (0, 0))
+        policies[name] = PolicyStatus(
+            trainable=pc.trainable,
+            latest_version=wv.version if wv else None,
+            weight_location=wv.location if wv else None,
+            steps=steps.get(name, 0),
+            max_steps=recipe.run.max_steps,
+            buffer_groups=g,
+            buffer_samples=s or 0,
+            unacked_batches=unacked.get(name, 0),
+            staleness=hist.get(name, {}),
+            dropped=drops.get(name, {}),
+        )
+    exhausted = ctx.feeder.exhausted(tx)
+    total_recent = sum(recent.values())
+    return DataflowStatus(
+        run=recipe.run.name,
+        mode=recipe.run.mode,
+        time=now,
+        done=nodes_done(ctx, tx),
+        training_done=state.training_done(tx, cfg, exhausted),
+        round=current_round(tx) if cfg.sync else None,
+        queue=queue,
+        in_flight_leases=lease_counts.get("active", 0),
+        expired_leases=lease_counts.get("expired", 0),
+        tasks_done=tx.scalar("SELECT COUNT(*) FROM tasks WHERE state='done' AND is_eval=0", (), 0),
+        # episodes are never deleted, so the largest rowid is their count (no table scan)
+        episodes=tx.scalar("SELECT MAX(rowid) FROM episodes", (), 0),
+        episodes_per_s=total_recent / THROUGHPUT_WINDOW_S,
+        nodes=nodes,
+        policies=policies,
+        evaluations=evaluations.list_all(tx),
+        dataflow_policies=ctx.pipeline.describe(),
+    )

@@ -1,0 +1,389 @@
+"""The dataflow service's durable store: one SQLite file in WAL mode, written by one thread.
+
+Why one writer thread: SQLite allows one writer at a time anyway, and funnelling every operation
+through a single connection makes each operation a serialisable transaction without locks in
+Python. Why group commit: an fsync per HTTP request caps throughput at the disk's fsync rate, so
+the writer drains every operation already queued, runs each inside its own SAVEPOINT (one failure
+rolls back only that operation), commits once, and only then resolves the callers' futures. A reply
+is therefore never sent before the data it acknowledges is durable ("ack after commit").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tasks (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    body BLOB NOT NULL,
+    task_set TEXT NOT NULL,
+    priority REAL NOT NULL DEFAULT 0,
+    deadline REAL,
+    group_size INTEGER NOT NULL,
+    is_eval INTEGER NOT NULL DEFAULT 0,
+    eval_id TEXT,
+    eval_policy TEXT,
+    min_version INTEGER,
+    round INTEGER,
+    state TEXT NOT NULL DEFAULT 'pending',
+    winner TEXT,
+    created_at REAL NOT NULL,
+    done_at REAL
+);
+CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (state, is_eval, round);
+CREATE TABLE IF NOT EXISTS leases (
+    id TEXT PRIMARY KEY,
+    task_id TEXT NOT NULL,
+    node_id TEXT NOT NULL,
+    issued_at REAL NOT NULL,
+    deadline REAL NOT NULL,
+    state TEXT NOT NULL,
+    versions TEXT NOT NULL,
+    episodes INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS leases_by_state ON leases (state, deadline);
+CREATE INDEX IF NOT EXISTS leases_by_node ON leases (node_id, state);
+CREATE INDEX IF NOT EXISTS leases_by_task ON leases (task_id);
+CREATE TABLE IF NOT EXISTS episodes (
+    id TEXT PRIMARY KEY,
+    task_id TEXT NOT NULL,
+    lease_id TEXT NOT NULL,
+    node_id TEXT NOT NULL,
+    is_eval INTEGER NOT NULL,
+    finish_reason TEXT NOT NULL,
+    error TEXT,
+    rewards TEXT NOT NULL,
+    info TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS episodes_by_time ON episodes (created_at);
+CREATE TABLE IF NOT EXISTS samples (
+    id TEXT PRIMARY KEY,
+    episode_id TEXT NOT NULL,
+    lease_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    policy TEXT NOT NULL,
+    role TEXT NOT NULL,
+    group_id TEXT,
+    reward REAL NOT NULL,
+    min_version INTEGER NOT NULL,
+    max_version INTEGER NOT NULL,
+    n_tokens INTEGER NOT NULL,
+    tokens BLOB NOT NULL,
+    loss_mask BLOB NOT NULL,
+    logprobs BLOB NOT NULL,
+    versions BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS samples_by_lease ON samples (lease_id);
+CREATE INDEX IF NOT EXISTS samples_by_group ON samples (group_id);
+CREATE TABLE IF NOT EXISTS groups (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    task_id TEXT NOT NULL,
+    policy TEXT NOT NULL,
+    task_set TEXT NOT NULL,
+    round INTEGER,
+    size INTEGER NOT NULL,
+    reward_mean REAL NOT NULL,
+    reward_std REAL NOT NULL,
+    min_version INTEGER NOT NULL,
+    priority REAL NOT NULL DEFAULT 0,
+    deadline REAL,
+    state TEXT NOT NULL,
+    batch_id TEXT,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS groups_by_state ON groups (policy, state);
+CREATE TABLE IF NOT EXISTS batches (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    policy TEXT NOT NULL,
+    trainer_id TEXT NOT NULL,
+    trainer_version INTEGER NOT NULL,
+    round INTEGER,
+    layout TEXT NOT NULL,
+    summary TEXT NOT NULL,
+    state TEXT NOT NULL,
+    served INTEGER NOT NULL DEFAULT 1,
+    created_at REAL NOT NULL,
+    acked_at REAL,
+    step INTEGER
+);
+CREATE INDEX IF NOT EXISTS batches_by_state ON batches (policy, state);
+CREATE TABLE IF NOT EXISTS versions (
+    policy TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (policy, version)
+);
+CREATE TABLE IF NOT EXISTS nodes (
+    id TEXT PRIMARY KEY,
+    body TEXT NOT NULL,
+    versions TEXT NOT NULL,
+    state TEXT NOT NULL,
+    registered_at REAL NOT NULL,
+    last_heartbeat REAL NOT NULL,
+    episodes INTEGER NOT NULL DEFAULT 0,
+    metrics TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS drops (
+    policy TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (policy, reason)
+);
+CREATE TABLE IF NOT EXISTS staleness (
+    policy TEXT NOT NULL,
+    staleness INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (policy, staleness)
+);
+CREATE TABLE IF NOT EXISTS idempotency (
+    key TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    result BLOB NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS feeder (
+    task_set TEXT PRIMARY KEY,
+    epoch INTEGER NOT NULL,
+    position INTEGER NOT NULL,
+    emitted INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS evaluations (
+    id TEXT PRIMARY KEY,
+    policy TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    task_set TEXT NOT NULL,
+    split TEXT NOT NULL,
+    num_tasks INTEGER NOT NULL,
+    completed INTEGER NOT NULL DEFAULT 0,
+    errors INTEGER NOT NULL DEFAULT 0,
+    reward_sum REAL NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    finished_at REAL
+);
+CREATE TABLE IF NOT EXISTS metric_records (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    body TEXT NOT NULL
+);
+"""
+
+
+class Tx:
+    """One operation's view of the open transaction: the connection plus post-commit hooks."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+        self.after_commit: list[Callable[[], None]] = []
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        return self.conn.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        return self.conn.executemany(sql, rows)
+
+    def one(self, sql: str, params: Any = ()) -> Any:
+        return self.conn.execute(sql, params).fetchone()
+
+    def scalar(self, sql: str, params: Any = (), default: Any = None) -> Any:
+        row = self.conn.execute(sql, params).fetchone()
+        return default if row is None or row[0] is None else row[0]
+
+    def get_meta(self, key: str, default: str | None = None) -> str | None:
+        return self.scalar("SELECT value FROM meta WHERE key=?", (key,), default)
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.execute(
+            "INSERT INTO meta(key, value) VALUES(?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            (key, value),
+        )
+
+
+Op = Callable[[Tx], T]
+
+
+class StoreClosed(RuntimeError):
+    pass
+
+
+class Store:
+    """SQLite store with a group-commit writer thread; see the module docstring."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        synchronous: str = "FULL",
+        max_group: int = 256,
+        checkpoint_s: float = 0.5,
+    ):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.synchronous = synchronous
+        self.max_group = max_group
+        self._queue: queue.Queue = queue.Queue()
+        self._closed = False
+        self.commits = 0
+        self.ops = 0
+        self._on_commit: list[Callable[[], None]] = []
+        ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(ready,), name="dataflow-store", daemon=True
+        )
+        self._thread.start()
+        ready.wait()
+        if self._error is not None:
+            raise self._error
+        self.checkpoint_s = checkpoint_s
+        self._stop_checkpoints = threading.Event()
+        self._checkpointer = threading.Thread(
+            target=self._checkpoint_loop, name="dataflow-checkpoint", daemon=True
+        )
+        self._checkpointer.start()
+
+    # -- public API -------------------------------------------------------------------------
+    def on_commit(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the writer thread) after every commit; e.g. wake long-polls."""
+        self._on_commit.append(callback)
+
+    async def run(self, op: Op[T]) -> T:
+        """Run ``op`` in a transaction; returns once it is committed (or raises its error)."""
+        return await asyncio.wrap_future(self.submit(op))
+
+    def call(self, op: Op[T]) -> T:
+        """Blocking variant of :meth:`run` for startup code and tests."""
+        return self.submit(op).result()
+
+    def submit(self, op: Op[T]) -> concurrent.futures.Future:
+        if self._closed:
+            raise StoreClosed("the dataflow store is closed")
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((op, fut))
+        return fut
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_checkpoints.set()
+        self._checkpointer.join(timeout=30)
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+    # -- writer thread ----------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        conn.execute("PRAGMA foreign_keys=OFF")
+        conn.execute("PRAGMA temp_store=MEMORY")
+        conn.execute("PRAGMA cache_size=-65536")
+        conn.executescript(SCHEMA)
+        # Checkpoints run on their own thread (below) so a commit never waits for the WAL to be
+        # copied into the database file.
+        conn.execute("PRAGMA wal_autocheckpoint=0")
+        return conn
+
+    def _checkpoint_loop(self) -> None:
+        """PASSIVE checkpoints every ``checkpoint_s``: they never block the writer, and they keep
+        the WAL from growing without bound (it restarts once a checkpoint caught up)."""
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        try:
+            while not self._stop_checkpoints.wait(self.checkpoint_s):
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                except sqlite3.Error:
+                    pass
+        finally:
+            conn.close()
+
+    def _run(self, ready: threading.Event) -> None:
+        try:
+            conn = self._connect()
+        except BaseException as exc:  # surfaced by __init__
+            self._error = exc
+            ready.set()
+            return
+        ready.set()
+        stop = False
+        while not stop:
+            item = self._queue.get()
+            if item is None:
+                break
+            batch = [item]
+            while len(batch) < self.max_group:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            self._run_group(conn, batch)
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            conn.close()
+
+    def _run_group(self, conn: sqlite3.Connection, batch: list) -> None:
+        outcomes: list[tuple[concurrent.futures.Future, Any, BaseException | None]] = []
+        hooks: list[Callable[[], None]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for op, fut in batch:
+                if not fut.set_running_or_notify_cancel():
+                    continue
+                tx = Tx(conn)
+                conn.execute("SAVEPOINT op")
+                try:
+                    result = op(tx)
+                except BaseException as exc:  # the caller gets it; other ops still commit
+                    conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+                    outcomes.append((fut, None, exc))
+                    continue
+                conn.execute("RELEASE op")
+                hooks.extend(tx.after_commit)
+                outcomes.append((fut, result, None))
+            conn.execute("COMMIT")
+        except BaseException as exc:  # commit failed: nothing in this group is durable
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            for _op, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        self.commits += 1
+        self.ops += len(outcomes)
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:  # a post-commit hook must never lose a committed reply
+                pass
+        for fut, result, exc in outcomes:
+            if exc is None:
+                fut.set_result(result)
+            else:
+                fut.set_exception(exc)
+        for cb in self._on_commit:
+            cb()

@@ -1,0 +1,637 @@
+"""The trainer core: TRL's ``GRPOTrainer`` fed by the dataflow instead of by its own generation.
+
+Why subclass TRL rather than write a loss: TRL already has the GRPO-family losses (grpo, dr_grpo,
+dapo, bnpo, cispo, sapo, ...), the optimizer/scheduler, accelerate/DeepSpeed/FSDP handling, logging
+and checkpoint/resume. Only the batch producer differs in AstraFlow, so only
+``_generate_and_score_completions`` is replaced (private TRL API: ``trl`` is pinned and
+``tests/trainer/test_trl_contract.py`` fails loudly if it changes).
+
+What the override feeds TRL (one batch = one optimizer step; ``num_iterations`` is 1):
+
+* ``prompt_ids``/``prompt_mask`` (left-padded) and ``completion_ids``/``completion_mask``
+  (right-padded) straight from the samples' tokens, never re-tokenized;
+* ``tool_mask`` = the samples' loss mask over the completion: env/tool tokens stay in attention but
+  carry no loss (TRL multiplies ``completion_mask * tool_mask`` for the loss and its normalisers);
+* ``advantages``: group-normalised (or the dataflow's) advantage x staleness weight, and, with the
+  off-policy correction on (default), x the truncated importance ratio
+  ``min(pi_prox / pi_behaviour, cap)`` per token, computed exactly as TRL's
+  ``vllm_importance_sampling_*`` path would (modes ``token_truncate`` (default), ``token_mask``,
+  ``sequence_truncate``, ``sequence_mask``). Multiplying the advantage by a non-negative weight
+  equals TRL's ``per_token_loss * importance_sampling_ratio`` for every supported loss;
+* ``old_per_token_logps`` = the proximal policy (current weights, no grad) so PPO clipping is
+  measured against the weights being updated, and ``sampling_per_token_logps`` = the behaviour
+  log-probs (TRL's off-policy sequence mask reads them when ``off_policy_mask_threshold`` is set);
+* with ``vllm_importance_sampling_correction = false`` in ``[trainer.extra]`` there is no proximal
+  forward pass: the behaviour log-probs themselves become ``old_per_token_logps``, so TRL's PPO
+  ratio is ``pi_theta / pi_behaviour``, clipped at ``epsilon``.
+
+After every optimizer step (in ``_maybe_log_save_evaluate``, i.e. after logging and any checkpoint
+save): publish the new version when due, then acknowledge the batch with the version and the step's
+metrics, then call ``on_step``. Publishing first means the version exists in the weight store by
+the time the dataflow learns of it. ``version == global_step``, so it continues across resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from astraflow.protocol import Batch
+from astraflow.recipe.schema import TrainerConfig
+from astraflow.trainer.samples import AdvantageMode, CollatedBatch, collate_batch
+from astraflow.trainer.source import BatchSource, SourceExhausted
+
+#: ``publish(version, state_dict)``: tensors are live views, valid only during the call.
+PublishFn = Callable[[int, dict[str, torch.Tensor]], None]
+
+#: GRPOConfig keys that would make TRL generate or reuse batches; AstraFlow forbids them.
+_FORBIDDEN_EXTRA = {
+    "use_vllm": False,
+    "num_iterations": 1,
+    "use_transformers_continuous_batching": False,
+}
+
+
+@dataclass
+class StepReport:
+    """What one committed optimizer step did (given to ``on_step``)."""
+
+    version: int
+    batch_id: str
+    published: bool
+    metrics: dict[str, float]
+    skipped: dict[str, int] = field(default_factory=dict)
+    dropped_by_dataflow: dict[str, int] = field(default_factory=dict)
+
+
+def _rewards_come_from_the_dataflow(prompts: Any = None, completions: Any = None, **_: Any) -> list:
+    """Placeholder reward function: TRL requires one, but rewards arrive with the samples."""
+    raise RuntimeError("AstraGRPOTrainer never scores completions; rewards come with the samples")
+
+
+class _PublishOnStart(TrainerCallback):
+    """Publishes the weights the run starts from (version 0, or the resumed step)."""
+
+    def __init__(self, trainer: AstraGRPOTrainer) -> None:
+        self._trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._trainer._publish(state.global_step)
+
+
+class AstraGRPOTrainer(GRPOTrainer):
+    """``trl.GRPOTrainer`` whose batches come from a :class:`BatchSource`.
+
+    TRL's dataloader still drives the loop, over a placeholder dataset of empty prompts that the
+    batch producer ignores; ``max_steps`` in ``args`` sets the length of training.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: Any,
+        args: GRPOConfig,
+        processing_class: Any,
+        source: BatchSource,
+        policy: str,
+        groups_per_step: int,
+        publish: PublishFn | None = None,
+        on_step: Callable[[StepReport], None] | None = None,
+        publish_every: int = 1,
+        publish_on_start: bool = True,
+        advantage_mode: AdvantageMode = "auto",
+        max_staleness: int | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+    ) -> None:
+        from datasets import Dataset
+
+        for key, required in _FORBIDDEN_EXTRA.items():
+            if getattr(args, key) != required:
+                raise ValueError(
+                    f"GRPOConfig.{key}={getattr(args, key)!r} is not supported by the AstraFlow trainer "
+                    f"(batches come from the dataflow, one optimizer step each); expected {required!r}"
+                )
+        if args.gradient_accumulation_steps != args.steps_per_generation:
+            raise ValueError(
+                "steps_per_generation must equal gradient_accumulation_steps (one pulled batch per "
+                f"optimizer step); got {args.steps_per_generation} and {args.gradient_accumulation_steps}"
+            )
+        self.source = source
+        self.policy = policy
+        self.groups_per_step = groups_per_step
+        self.publish_fn = publish
+        self.on_step = on_step
+        self.publish_every = publish_every
+        self.advantage_mode = advantage_mode
+        self.max_staleness = max_staleness
+        self._pending: tuple[Batch, CollatedBatch, float] | None = None
+        self._last_logs: dict[str, float] = {}
+        self._committed_step = -1
+        self._published: set[int] = set()
+        # Enough placeholder rows for TRL's RepeatSampler to fill one generation batch per step.
+        rows = max(1, args.generation_batch_size // args.num_generations)
+        placeholder = Dataset.from_dict({"prompt": [""] * rows * 64})
+        all_callbacks = list(callbacks or [])
+        super().__init__(
+            model=model,
+            reward_funcs=[_rewards_come_from_the_dataflow],
+            args=args,
+            train_dataset=placeholder,
+            processing_class=processing_class,
+            callbacks=all_callbacks,
+        )
+        self._committed_step = self.state.global_step
+        self.current_gradient_accumulation_steps = args.gradient_accumulation_steps
+        self.remove_callback(PrinterCallback)  # metrics go to on_step/acks, not to stdout
+        if publish_on_start:
+            self.add_callback(_PublishOnStart(self))
+
+    # ------------------------------------------------------------------ batch production
+
+    @property
+    def version(self) -> int:
+        """Version of the weights held now (= optimizer steps taken, across resumes)."""
+        return int(self.state.global_step)
+
+    def _fetch_batch(self) -> tuple[Batch, CollatedBatch]:
+        """Pull (main process), share with every process, collate this process's groups."""
+        world = self.accelerator.num_processes
+        rank = self.accelerator.process_index
+        vocab = self.model.config.get_text_config().vocab_size
+        while True:
+            payload: Any = None
+            if self.accelerator.is_main_process:
+                try:
+                    payload = (
+                        "ok",
+                        self.source.next_batch(self.policy, self.groups_per_step, self.version),
+                    )
+                except SourceExhausted as exc:
+                    payload = ("exhausted", str(exc))
+                except Exception as exc:  # shared so that no process waits forever
+                    if world == 1:
+                        raise
+                    payload = ("error", f"{type(exc).__name__}: {exc}")
+            if world > 1:
+                from accelerate.utils import broadcast_object_list
+
+                box = [payload]
+                broadcast_object_list(box, from_process=0)
+                payload = box[0]
+            kind, value = payload
+            if kind == "exhausted":
+                raise SourceExhausted(value)
+            if kind == "error":
+                raise RuntimeError(f"batch source failed on the main process: {value}")
+            batch: Batch = value
+            local = batch.model_copy(update={"groups": batch.groups[rank::world]})
+            # Every process must hold the same number of rows; all know every share's size.
+            rows = max(sum(len(g.samples) for g in batch.groups[r::world]) for r in range(world))
+            collated = collate_batch(
+                local,
+                policy=self.policy,
+                pad_token_id=self._tokenizer.pad_token_id,
+                trainer_version=self.version,
+                scale_rewards=self.scale_rewards,
+                advantage_mode=self.advantage_mode,
+                max_staleness=self.max_staleness,
+                vocab_size=vocab,
+                pad_rows_to_multiple_of=self.args.steps_per_generation,
+                min_rows=rows,
+            )
+            trainable = torch.tensor(
+                float(collated.loss_mask.sum()), device=self.accelerator.device
+            )
+            if float(self.accelerator.gather(trainable).sum()) > 0:
+                return batch, collated
+            # Nothing to train on (every sample stale / weight 0): acknowledge without a step.
+            if self.accelerator.is_main_process:
+                self.source.ack(
+                    batch.id,
+                    self.version,
+                    {
+                        "skipped_batch": 1.0,
+                        **{f"skipped/{k}": float(v) for k, v in collated.skipped.items()},
+                    },
+                )
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        if not self.model.training:
+            raise RuntimeError(
+                "AstraGRPOTrainer does not evaluate; evaluation runs through `astraflow eval`"
+            )
+        started = time.perf_counter()
+        batch, c = self._fetch_batch()
+        waited = time.perf_counter() - started
+        device = self.accelerator.device
+        prompt_ids = c.prompt_ids.to(device)
+        prompt_mask = c.prompt_mask.to(device)
+        completion_ids = c.completion_ids.to(device)
+        completion_mask = c.completion_mask.to(device)
+        loss_mask = c.loss_mask.to(device)
+        behaviour = c.behaviour_logps.to(device)
+        advantages = c.advantages.to(device)
+        num_items_in_batch = self.accelerator.gather(loss_mask.sum()).sum()
+
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        logits_to_keep = completion_ids.size(1)
+        chunk = max(self.args.per_device_train_batch_size, 16)
+        mode = "train"
+        metrics = self._metrics[mode]
+
+        no_checkpointing = contextlib.nullcontext()
+        if self.args.activation_checkpointing:
+            from trl.models.utils import disable_gradient_checkpointing
+
+            no_checkpointing = disable_gradient_checkpointing(
+                self.model, self.args.gradient_checkpointing_kwargs
+            )
+        output: dict[str, Any] = {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "completion_ids": completion_ids,
+            "completion_mask": completion_mask,
+            "tool_mask": loss_mask,
+            "num_items_in_batch": num_items_in_batch,
+        }
+        missing = ~torch.isfinite(behaviour)
+        # Decided across processes: a forward pass is collective under DDP buffers / ZeRO-3.
+        any_missing = float(self.accelerator.gather(missing.sum()).sum()) > 0
+        with torch.no_grad(), no_checkpointing:
+            proximal = None
+            if self.vllm_importance_sampling_correction or any_missing:
+                proximal, _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, input_ids, attention_mask, logits_to_keep, batch_size=chunk
+                )
+                # A token the engine could not score gets ratio 1 (no correction), as in TRL.
+                behaviour = torch.where(missing, proximal, behaviour)
+            metrics["sampling/missing_behaviour_logps"].append(float(missing.sum()))
+            output["sampling_per_token_logps"] = behaviour
+            if self.vllm_importance_sampling_correction:
+                ratio, seq_level = self._importance_ratio(proximal, behaviour, loss_mask)
+                output["old_per_token_logps"] = proximal
+                output["importance_sampling_ratio"] = ratio
+                if self.loss_type == "vespo":  # VESPO reads the ratio itself
+                    output["advantages"] = advantages
+                else:  # x ratio == TRL's per_token_loss * importance_sampling_ratio
+                    output["advantages"] = advantages.unsqueeze(1) * ratio
+                self._log_importance_metrics(proximal, behaviour, loss_mask, ratio, seq_level)
+            else:
+                output["old_per_token_logps"] = behaviour
+                output["advantages"] = advantages
+            if self.beta != 0.0 and self.ref_model is not None:
+                ref, _, _ = self._get_per_token_logps_and_entropies(
+                    self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size=chunk
+                )
+                output["ref_per_token_logps"] = ref
+
+        # Fixed-size stat vectors: processes hold different numbers of rows.
+        real = c.group_index >= 0
+        r = c.rewards[real].double()
+        lens = c.loss_mask.sum(1)[real].double()
+        lag = c.version_lag[real].double()
+        local = torch.tensor(
+            [
+                float(r.numel()),
+                float(r.sum()),
+                float((r * r).sum()),
+                float(lens.sum()),
+                float(c.trained_rows),
+                float(lag.sum()),
+            ],
+            dtype=torch.float64,
+            device=device,
+        )
+        n, r_sum, r_sq, len_sum, trained, lag_sum = (
+            self.accelerator.gather(local).view(-1, 6).sum(0).tolist()
+        )
+        maxima = torch.tensor(
+            [float(lens.max()) if lens.numel() else 0.0, float(lag.max()) if lag.numel() else 0.0],
+            device=device,
+        )
+        len_max, lag_max = self.accelerator.gather(maxima).view(-1, 2).max(0).values.tolist()
+        mean = r_sum / max(n, 1.0)
+        var = (r_sq - n * mean * mean) / (n - 1) if n > 1 else 0.0
+        metrics["reward"].append(mean)
+        metrics["reward_std"].append(math.sqrt(max(var, 0.0)))
+        metrics["completions/mean_length"].append(len_sum / max(n, 1.0))
+        metrics["completions/max_length"].append(len_max)
+        metrics["samples"].append(n)
+        metrics["samples/trained"].append(trained)
+        metrics["tokens"].append(float(num_items_in_batch))
+        metrics["batch_wait_s"].append(waited)
+        metrics["version_lag/mean"].append(lag_sum / max(n, 1.0))
+        metrics["version_lag/max"].append(lag_max)
+        self._pending = (batch, c, started)
+        return output
+
+    def _importance_ratio(
+        self, proximal: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, bool]:
+        """``pi_prox / pi_behaviour`` truncated or masked as TRL's vLLM IS correction does it."""
+        diff = torch.nan_to_num((proximal - behaviour) * mask, nan=0.0)
+        mode = self.vllm_importance_sampling_mode
+        seq_level = mode in ("sequence_mask", "sequence_truncate")
+        ratio = torch.exp(diff.sum(dim=-1, keepdim=True) if seq_level else diff)
+        lo = self.vllm_importance_sampling_clip_min
+        hi = self.vllm_importance_sampling_clip_max
+        if mode in ("token_truncate", "sequence_truncate"):
+            ratio = torch.clamp(ratio, min=lo, max=hi)
+        elif mode in ("token_mask", "sequence_mask"):
+            lo_v = -math.inf if lo is None else lo
+            hi_v = math.inf if hi is None else hi
+            ratio = ratio.masked_fill((ratio < lo_v) | (ratio > hi_v), 0.0)
+        else:
+            raise ValueError(
+                f"unknown vllm_importance_sampling_mode {mode!r}; expected token_truncate, "
+                "token_mask, sequence_truncate or sequence_mask"
+            )
+        return ratio, seq_level
+
+    def _log_importance_metrics(self, proximal, behaviour, mask, ratio, seq_level) -> None:
+        m = self._metrics["train"]
+        sel = mask.bool()
+        delta = torch.abs(proximal - behaviour)[sel]
+        zero = torch.tensor(0.0, device=proximal.device)
+        m["sampling/sampling_logp_difference/mean"].append(
+            float(self.accelerator.gather(delta.mean() if delta.numel() else zero).mean())
+        )
+        m["sampling/sampling_logp_difference/max"].append(
+            float(self.accelerator.gather(delta.max() if delta.numel() else zero).max())
+        )
+        flat = ratio.flatten() if seq_level else ratio[sel]
+        if flat.numel() == 0:
+            flat = zero.unsqueeze(0) + 1.0
+        m["sampling/importance_sampling_ratio/min"].append(
+            float(self.accelerator.gather(flat.min()).min())
+        )
+        m["sampling/importance_sampling_ratio/mean"].append(
+            float(self.accelerator.gather(flat.mean()).mean())
+        )
+        m["sampling/importance_sampling_ratio/max"].append(
+            float(self.accelerator.gather(flat.max()).max())
+        )
+
+    # ------------------------------------------------------------------ step commit
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        super().log(logs, start_time)  # TRL merges its averaged metrics into ``logs`` first
+        if self.model.training:
+            self._last_logs = dict(logs)
+
+    def _maybe_log_save_evaluate(self, *args: Any, **kwargs: Any) -> None:
+        # Runs right after the optimizer step and on_step_end: logs (capturing metrics), saves a
+        # checkpoint when due; then the step is committed: publish, ack, report.
+        self._last_logs = {}
+        super()._maybe_log_save_evaluate(*args, **kwargs)
+        if self._pending is not None and self.state.global_step > self._committed_step:
+            self._commit_step()
+
+    def _commit_step(self) -> None:
+        batch, collated, started = self._pending  # type: ignore[misc]
+        self._pending = None
+        version = self.version
+        self._committed_step = version
+        last = version >= self.state.max_steps
+        published = False
+        if version % self.publish_every == 0 or last:
+            published = self._publish(version)
+        metrics = {
+            k: float(v)
+            for k, v in self._last_logs.items()
+            if isinstance(v, (int, float)) and v is not None and math.isfinite(float(v))
+        }
+        metrics["wall_time_s"] = time.perf_counter() - started
+        for reason, count in collated.skipped.items():
+            metrics[f"skipped/{reason}"] = float(count)
+        if self.accelerator.is_main_process:
+            self.source.ack(batch.id, version, metrics)
+            if self.on_step is not None:
+                self.on_step(
+                    StepReport(
+                        version=version,
+                        batch_id=batch.id,
+                        published=published,
+                        metrics=metrics,
+                        skipped=dict(collated.skipped),
+                        dropped_by_dataflow=dict(batch.dropped),
+                    )
+                )
+
+    def state_dict_for_publication(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) weights, as ``save_pretrained`` would write them. Collective call."""
+        state = self.accelerator.get_state_dict(self.model)
+        return {k: v.detach() for k, v in state.items()}
+
+    def _publish(self, version: int) -> bool:
+        if self.publish_fn is None or version in self._published:
+            return False
+        state = self.state_dict_for_publication()
+        if self.accelerator.is_main_process:
+            self.publish_fn(version, state)
+        self._published.add(version)
+        self.accelerator.wait_for_everyone()
+        return True
+
+    # ------------------------------------------------------------------ entry point
+
+    def run(self, resume: bool | str = True) -> int:
+        """Train until ``max_steps`` or until the source is exhausted; returns the final version.
+
+        ``resume=True`` continues from the newest checkpoint in ``output_dir`` when there is one;
+        a path resumes from that checkpoint; ``False`` starts fresh.
+        """
+        from transformers.trainer_utils import get_last_checkpoint
+
+        checkpoint: str | None = None
+        if resume is True and os.path.isdir(self.args.output_dir):
+            checkpoint = get_last_checkpoint(self.args.output_dir)
+        elif isinstance(resume, str):
+            checkpoint = resume
+        try:
+            self.train(resume_from_checkpoint=checkpoint)
+        except SourceExhausted:
+            # The step in progress had not touched the weights; keep what the last step produced.
+            if self.version > 0 and self.version % self.args.save_steps != 0:
+                self._save_checkpoint(self.model, trial=None)
+        return self.version
+
+
+def _resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"trainer.device={device!r} but CUDA is not available on this machine")
+        # One process uses one device; a launcher picks it with CUDA_VISIBLE_DEVICES.
+        return "cuda"
+    raise ValueError(f"trainer.device={device!r}; expected auto, cpu, cuda or cuda:N")
+
+
+def _resolve_dtype(dtype: str, device: str) -> tuple[torch.dtype, bool, bool]:
+    """(parameter dtype, bf16 autocast, fp16 autocast)."""
+    if device == "cpu":
+        if dtype not in ("auto", "float32"):
+            raise ValueError(
+                f"trainer.dtype={dtype!r} is not supported on CPU; use float32 or auto"
+            )
+        return torch.float32, False, False
+    if dtype == "auto":
+        dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    if dtype == "bfloat16":
+        return torch.bfloat16, True, False
+    if dtype == "float16":  # fp32 master weights, fp16 autocast (pure fp16 training diverges)
+        return torch.float32, False, True
+    return torch.float32, False, False
+
+
+def make_grpo_config(
+    cfg: TrainerConfig,
+    *,
+    output_dir: Path,
+    max_steps: int,
+    seed: int,
+    device: str,
+    bf16: bool,
+    fp16: bool,
+    temperature: float,
+    max_completion_length: int,
+    micro_batches: int = 1,
+) -> GRPOConfig:
+    """The ``trl.GRPOConfig`` for a recipe's ``[policies.X.trainer]`` section.
+
+    ``cfg.extra`` is applied last (any GRPOConfig field), except keys that would make TRL generate.
+    """
+    kwargs: dict[str, Any] = dict(
+        output_dir=str(output_dir),
+        loss_type=cfg.loss_type,
+        learning_rate=cfg.learning_rate,
+        beta=cfg.beta,
+        epsilon=cfg.epsilon,
+        epsilon_high=cfg.epsilon_high,
+        scale_rewards=cfg.scale_rewards,
+        max_grad_norm=cfg.max_grad_norm,
+        weight_decay=cfg.weight_decay,
+        warmup_steps=cfg.warmup_steps,
+        lr_scheduler_type="constant_with_warmup",
+        max_steps=max_steps,
+        seed=seed,
+        num_generations=2,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=micro_batches,
+        steps_per_generation=micro_batches,
+        num_iterations=1,
+        temperature=temperature if temperature > 0 else 1.0,
+        max_completion_length=max_completion_length,
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_clip_max=cfg.importance_sampling_cap,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=cfg.checkpoint_every,
+        save_total_limit=3,
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=device == "cpu",
+        bf16=bf16,
+        fp16=fp16,
+        disable_dropout=True,
+        shuffle_dataset=False,
+        dataloader_num_workers=0,
+        log_completions=False,
+    )
+    # The new name, set explicitly: TRL's config defaults the deprecated alias to True.
+    kwargs["activation_checkpointing"] = cfg.gradient_checkpointing
+    kwargs.update(cfg.extra)
+    for key, required in _FORBIDDEN_EXTRA.items():
+        if kwargs.get(key, required) != required:
+            raise ValueError(
+                f"trainer.extra.{key}={kwargs[key]!r} is not supported: AstraFlow trainers never "
+                f"generate and take one optimizer step per pulled batch (expected {required!r})"
+            )
+    if "gradient_accumulation_steps" in cfg.extra:
+        kwargs["steps_per_generation"] = kwargs["gradient_accumulation_steps"]
+    return GRPOConfig(**kwargs)
+
+
+def build_trainer(
+    model_path: str,
+    trainer_cfg: TrainerConfig,
+    source: BatchSource,
+    run_dir: str | Path,
+    policy: str,
+    *,
+    max_steps: int,
+    seed: int = 0,
+    publish: PublishFn | None = None,
+    on_step: Callable[[StepReport], None] | None = None,
+    publish_on_start: bool = True,
+    temperature: float = 1.0,
+    max_completion_length: int = 512,
+    max_staleness: int | None = None,
+    advantage_mode: AdvantageMode = "auto",
+    torch_threads: int = 1,
+    micro_batches: int = 1,
+) -> AstraGRPOTrainer:
+    """An :class:`AstraGRPOTrainer` for ``policy``, ready for ``.run()``.
+
+    ``model_path``: ``builtin:NAME``, a local directory or a hub id (resolved with
+    :func:`astraflow.models.resolve_model`). Checkpoints (HF format + optimizer/scheduler/trainer
+    state for resume) go to ``run_dir/checkpoints/<policy>/checkpoint-<step>``. ``temperature``
+    must be the sampling temperature of the rollout engine, since the behaviour log-probs were taken
+    at it. ``max_staleness`` (versions) is a last guard: older samples are kept out of the loss and
+    counted under ``skipped/stale`` in the ack metrics (the dataflow normally drops them first).
+    """
+    from transformers import AutoModelForCausalLM
+
+    from astraflow.models import load_tokenizer, resolve_model
+
+    torch.set_num_threads(torch_threads)
+    device = _resolve_device(trainer_cfg.device)
+    param_dtype, bf16, fp16 = _resolve_dtype(trainer_cfg.dtype, device)
+    path = resolve_model(model_path)
+    tokenizer = load_tokenizer(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=param_dtype)
+    args = make_grpo_config(
+        trainer_cfg,
+        output_dir=Path(run_dir) / "checkpoints" / policy,
+        max_steps=max_steps,
+        seed=seed,
+        device=device,
+        bf16=bf16,
+        fp16=fp16,
+        temperature=temperature,
+        max_completion_length=max_completion_length,
+        micro_batches=micro_batches,
+    )
+    return AstraGRPOTrainer(
+        model=model,
+        args=args,
+        processing_class=tokenizer,
+        source=source,
+        policy=policy,
+        groups_per_step=trainer_cfg.groups_per_step,
+        publish=publish,
+        on_step=on_step,
+        publish_every=trainer_cfg.publish_every,
+        publish_on_start=publish_on_start,
+        advantage_mode=advantage_mode,
+        max_staleness=max_staleness,
+    )

@@ -1,0 +1,225 @@
+"""Turn a :class:`~astraflow.protocol.Batch` of samples into the padded tensors TRL's loss reads.
+
+Why a module of its own: this is where token-in/token-out is kept honest. Every sample's tokens are
+used exactly as the rollout engine produced them (never re-tokenized), split at the first generated
+token into a prompt (left-padded, as TRL expects) and a completion (right-padded). Inside the
+completion the sample's loss mask becomes TRL's ``tool_mask``: environment/tool/other-role tokens
+stay visible to attention (``completion_mask`` = 1) but carry no loss. Using the loss mask as the
+``completion_mask`` instead would hide observations from the tokens generated after them.
+
+Advantages are the dataflow's when it computed them, otherwise GRPO's group-normalised rewards;
+the staleness weight multiplies each sample's advantage, and weight-0 samples get an all-zero loss
+mask so they add nothing to the loss or to the token normalisers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from astraflow.protocol import Batch, Group, Sample
+
+AdvantageMode = Literal["auto", "dataflow", "trainer"]
+ScaleRewards = Literal["group", "batch", "none"]
+
+#: Added to the reward std before dividing (same constant as TRL).
+STD_EPS = 1e-4
+
+
+@dataclass
+class CollatedBatch:
+    """Padded tensors for one batch, rows in the batch's sample order."""
+
+    prompt_ids: torch.Tensor  # (B, P) left-padded
+    prompt_mask: torch.Tensor  # (B, P)
+    completion_ids: torch.Tensor  # (B, C) right-padded
+    completion_mask: torch.Tensor  # (B, C) 1 on every real completion token (attention)
+    loss_mask: torch.Tensor  # (B, C) 1 on tokens the policy generated and that are trained on
+    behaviour_logps: torch.Tensor  # (B, C) log-probs the behaviour policy gave its tokens
+    advantages: torch.Tensor  # (B,) advantage x staleness weight
+    rewards: torch.Tensor  # (B,)
+    weights: torch.Tensor  # (B,) effective weight (0 = not trained on)
+    version_lag: torch.Tensor  # (B,) trainer_version - oldest generating version
+    group_index: torch.Tensor  # (B,) which group of the batch each row belongs to
+    skipped: Counter = field(default_factory=Counter)  # samples given weight 0, by reason
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.prompt_ids.shape[0])
+
+    @property
+    def trained_rows(self) -> int:
+        return int((self.weights > 0).sum())
+
+
+def group_advantages(
+    group: Group,
+    mode: AdvantageMode,
+    scale_rewards: ScaleRewards,
+    batch_std: float,
+) -> list[float]:
+    """Per-sample advantages of one group.
+
+    ``auto`` uses the dataflow's values when any is non-zero (a dataflow that computes advantages
+    fills them in; an all-zero group carries no signal either way) and otherwise normalises rewards
+    as GRPO does: ``(r - mean(group)) / (std + 1e-4)``, std taken over the group (``group``), the
+    whole batch (``batch``) or not at all (``none``).
+    """
+    provided = [s.advantage for s in group.samples]
+    if mode == "dataflow" or (mode == "auto" and any(a != 0.0 for a in provided)):
+        return provided
+    rewards = torch.tensor([s.reward for s in group.samples], dtype=torch.float64)
+    centred = rewards - rewards.mean()
+    if scale_rewards == "none":
+        return centred.tolist()
+    if scale_rewards == "group":
+        std = float(rewards.std()) if rewards.numel() > 1 else 0.0
+    else:
+        std = batch_std
+    return (centred / (std + STD_EPS)).tolist()
+
+
+def _check_sample(sample: Sample, policy: str, vocab_size: int | None) -> None:
+    if sample.policy != policy:
+        raise ValueError(
+            f"sample {sample.id} belongs to policy {sample.policy!r} but this trainer trains {policy!r}"
+        )
+    if not sample.tokens:
+        raise ValueError(f"sample {sample.id} has no tokens")
+    if vocab_size is not None:
+        bad = [t for t in sample.tokens if t < 0 or t >= vocab_size]
+        if bad:
+            raise ValueError(
+                f"sample {sample.id} has token ids outside the model vocabulary [0, {vocab_size}): "
+                f"{bad[:5]}; were the samples produced by a different model or tokenizer?"
+            )
+    for name in ("loss_mask", "logprobs", "versions"):
+        if len(getattr(sample, name)) != len(sample.tokens):
+            raise ValueError(
+                f"sample {sample.id}: {name} has {len(getattr(sample, name))} entries but tokens has "
+                f"{len(sample.tokens)}"
+            )
+
+
+def collate_batch(
+    batch: Batch,
+    *,
+    policy: str,
+    pad_token_id: int,
+    trainer_version: int,
+    scale_rewards: ScaleRewards = "group",
+    advantage_mode: AdvantageMode = "auto",
+    max_staleness: int | None = None,
+    vocab_size: int | None = None,
+    pad_rows_to_multiple_of: int = 1,
+    min_rows: int = 1,
+) -> CollatedBatch:
+    """Padded training tensors of ``batch`` (see the module docstring for the conventions).
+
+    Samples are never dropped silently: a sample older than ``max_staleness`` versions, one with
+    weight 0, or one without any generated token stays in the batch (its group's baseline still
+    counts its reward) with an all-zero loss mask, and is counted in ``skipped`` by reason.
+    ``pad_rows_to_multiple_of`` and ``min_rows`` append inert rows so TRL can split the batch into
+    equal micro-batches (its splitter drops remainders) and every process holds the same number of
+    rows (TRL gathers per-row statistics across processes).
+    """
+    samples = batch.samples
+    all_rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
+    batch_std = float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0
+
+    prompts: list[list[int]] = []
+    completions: list[list[int]] = []
+    loss_masks: list[list[int]] = []
+    behaviour: list[list[float]] = []
+    advantages: list[float] = []
+    rewards: list[float] = []
+    weights: list[float] = []
+    lags: list[int] = []
+    group_index: list[int] = []
+    skipped: Counter = Counter()
+
+    for gi, group in enumerate(batch.groups):
+        advs = group_advantages(group, advantage_mode, scale_rewards, batch_std)
+        for sample, adv in zip(group.samples, advs, strict=True):
+            _check_sample(sample, policy, vocab_size)
+            pl = sample.prompt_length
+            lag = trainer_version - sample.min_version if sample.min_version >= 0 else 0
+            weight = float(sample.weight)
+            if pl == 0:
+                raise ValueError(
+                    f"sample {sample.id} starts with a generated token; at least one prompt token is "
+                    "needed to score the first generated token"
+                )
+            if pl >= len(sample.tokens):
+                weight, reason = 0.0, "no_generated_tokens"
+            elif max_staleness is not None and lag > max_staleness:
+                weight, reason = 0.0, "stale"
+            elif weight == 0.0:
+                reason = "zero_weight"
+            else:
+                reason = None
+            if reason is not None:
+                skipped[reason] += 1
+            prompts.append(list(sample.tokens[:pl]))
+            completion = list(sample.tokens[pl:]) or [pad_token_id]
+            completions.append(completion)
+            mask = list(sample.loss_mask[pl:]) if weight > 0 else [0] * len(completion)
+            loss_masks.append(mask or [0])
+            behaviour.append(list(sample.logprobs[pl:]) or [0.0])
+            advantages.append(adv * weight)
+            rewards.append(sample.reward)
+            weights.append(weight)
+            lags.append(lag)
+            group_index.append(gi)
+
+    # Inert rows (one pad prompt token, one masked completion token) to reach a multiple (and at
+    # least one row: a process whose share of the groups is empty still takes part in the step).
+    while len(prompts) < max(1, min_rows) or len(prompts) % max(1, pad_rows_to_multiple_of):
+        prompts.append([pad_token_id])
+        completions.append([pad_token_id])
+        loss_masks.append([0])
+        behaviour.append([0.0])
+        advantages.append(0.0)
+        rewards.append(float("nan"))
+        weights.append(0.0)
+        lags.append(0)
+        group_index.append(-1)
+
+    n = len(prompts)
+    p_len = max(len(p) for p in prompts)
+    c_len = max(len(c) for c in completions)
+    prompt_ids = torch.full((n, p_len), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros((n, p_len), dtype=torch.long)
+    completion_ids = torch.full((n, c_len), pad_token_id, dtype=torch.long)
+    completion_mask = torch.zeros((n, c_len), dtype=torch.long)
+    loss_mask = torch.zeros((n, c_len), dtype=torch.long)
+    behaviour_logps = torch.zeros((n, c_len), dtype=torch.float32)
+    for i in range(n):
+        p, c = prompts[i], completions[i]
+        prompt_ids[i, p_len - len(p) :] = torch.tensor(p, dtype=torch.long)
+        prompt_mask[i, p_len - len(p) :] = 1
+        completion_ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+        completion_mask[i, : len(c)] = 1
+        loss_mask[i, : len(c)] = torch.tensor(loss_masks[i], dtype=torch.long)
+        behaviour_logps[i, : len(c)] = torch.tensor(behaviour[i], dtype=torch.float32)
+    # Padding rows added above attend to one pad token only; keep their completion out of attention.
+    for i in range(len(samples), n):
+        completion_mask[i] = 0
+    return CollatedBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        loss_mask=loss_mask,
+        # NaN (an engine that could not score a token) survives on trained tokens only.
+        behaviour_logps=torch.where(loss_mask.bool(), behaviour_logps, 0.0),
+        advantages=torch.tensor(advantages, dtype=torch.float32),
+        rewards=torch.tensor(rewards, dtype=torch.float32),
+        weights=torch.tensor(weights, dtype=torch.float32),
+        version_lag=torch.tensor(lags, dtype=torch.long),
+        group_index=torch.tensor(group_index, dtype=torch.long),
+        skipped=skipped,
+    )

@@ -1,0 +1,135 @@
+"""HTTP endpoint of a weight store, hosted by the trainer process.
+
+Files go out as :class:`starlette.responses.FileResponse`, which streams from disk and honours
+``Range`` requests, so a client can resume an interrupted download. Each file response names the
+version's state digest and the file's sha256 in headers; clients verify both. Every route except
+``GET /healthz`` needs ``Authorization: Bearer <token>``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse
+
+from astraflow.weights.store import WeightStore, WeightStoreError
+
+DIGEST_HEADER = "X-Astraflow-Digest"
+SHA256_HEADER = "X-Astraflow-Sha256"
+PARENT_HEADER = "X-Astraflow-Parent"
+
+
+def create_weight_app(store: WeightStore, token: str) -> FastAPI:
+    """FastAPI app serving ``store`` (see the module docstring for the routes' contract)."""
+    if not token:
+        raise ValueError("a weight server needs a non-empty bearer token")
+    app = FastAPI(title="AstraFlow weight store", docs_url=None, redoc_url=None)
+
+    def require_token(request: Request) -> None:
+        header = request.headers.get("authorization", "")
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
+            raise HTTPException(
+                status_code=401,
+                detail="missing or wrong bearer token (send 'Authorization: Bearer <run token>')",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    def meta_or_404(policy: str, version: int) -> dict:
+        try:
+            return store.meta(policy, version)
+        except WeightStoreError as exc:
+            raise HTTPException(status_code=404, detail=str(exc)) from exc
+
+    @app.get("/healthz")
+    def healthz() -> dict:
+        return {"ok": True}
+
+    @app.get("/weights/{policy}/latest", dependencies=[Depends(require_token)])
+    def latest(policy: str) -> dict:
+        try:
+            versions = store.versions(policy)
+        except WeightStoreError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from exc
+        if not versions:
+            raise HTTPException(status_code=404, detail=f"policy {policy!r} has no versions yet")
+        return store.meta(policy, versions[-1])
+
+    @app.get("/weights/{policy}/versions", dependencies=[Depends(require_token)])
+    def versions(policy: str) -> dict:
+        try:
+            return {"policy": policy, "versions": store.versions(policy)}
+        except WeightStoreError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from exc
+
+    @app.get("/weights/{policy}/{version}/meta", dependencies=[Depends(require_token)])
+    def meta(policy: str, version: int) -> dict:
+        return meta_or_404(policy, version)
+
+    @app.get("/weights/{policy}/{version}/full", dependencies=[Depends(require_token)])
+    def full(policy: str, version: int) -> FileResponse:
+        m = meta_or_404(policy, version)
+        return FileResponse(
+            store.full_path(policy, version),
+            media_type="application/octet-stream",
+            headers={DIGEST_HEADER: m["digest"], SHA256_HEADER: m["full_sha256"]},
+        )
+
+    @app.get("/weights/{policy}/{version}/delta", dependencies=[Depends(require_token)])
+    def delta(policy: str, version: int) -> FileResponse:
+        m = meta_or_404(policy, version)
+        path = store.delta_path(policy, version)
+        if path is None or not path.is_file():
+            raise HTTPException(
+                status_code=404, detail=f"version {version} of {policy!r} has no delta"
+            )
+        return FileResponse(
+            path,
+            media_type="application/octet-stream",
+            headers={
+                DIGEST_HEADER: m["digest"],
+                SHA256_HEADER: m["delta_sha256"],
+                PARENT_HEADER: str(m["parent"]),
+            },
+        )
+
+    return app
+
+
+def serve_in_thread(
+    app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout: float = 10.0
+) -> tuple[str, Callable[[], None]]:
+    """Run ``app`` under uvicorn in a daemon thread; returns (base URL, stop function).
+
+    The socket is bound here, so ``port=0`` yields a free port known before the server starts.
+    """
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound_port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="weight-server", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            sock.close()
+            raise RuntimeError(f"weight server did not start on {host}:{bound_port}")
+        time.sleep(0.01)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout)
+        sock.close()
+
+    return f"http://{host}:{bound_port}", stop

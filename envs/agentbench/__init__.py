@@ -1,0 +1,26 @@
+"""AgentBench v0.2 environments (dbbench, os_interaction), data loaders and evaluation runner.
+
+Importing this package is cheap: the env classes load lazily through their entry-point strings.
+"""
+
+from __future__ import annotations
+
+from envs.registry import EnvSpec
+
+DB_ENV_ID = "astraflow/AgentBench-DB-v0"
+OS_ENV_ID = "astraflow/AgentBench-OS-v0"
+
+SPECS = [
+    EnvSpec(
+        id=DB_ENV_ID,
+        entry_point="envs.agentbench.dbbench.env:AgentBenchDBEnv",
+        family="agentbench",
+        description="AgentBench v0.2 dbbench: SQL agent on SQLite (default) or MySQL/MariaDB",
+    ),
+    EnvSpec(
+        id=OS_ENV_ID,
+        entry_point="envs.agentbench.os.env:AgentBenchOSEnv",
+        family="agentbench",
+        description="AgentBench v0.2 os_interaction: bash agent in a throw-away overlay/Docker system",
+    ),
+]

@@ -1,0 +1,1 @@
+"""AgentBench dbbench: SQL agent tasks on SQLite (embedded default) or MySQL/MariaDB."""

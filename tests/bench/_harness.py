@@ -1,0 +1,522 @@
+"""Shared machinery of the comparison benchmarks (``vs_trl.py``, ``multi_policy.py``).
+
+Why a harness of its own: the benchmarks run the real system (``astraflow train RECIPE`` as a
+subprocess, exactly as a user would) and a baseline, then compare them from what the runs wrote to
+disk. Everything that turns those files into numbers (time to a held-out accuracy, trainer idle
+fraction, medians and spreads) is a pure function here, so it is unit-tested on synthetic records
+(``tests/test_bench_harness.py``) without a run.
+
+Clock conventions (the same for every system, so comparisons are like for like):
+
+* ``t0`` (training start) is the first moment a system does training work: for an AstraFlow run the
+  earlier of the first weight version (the trainer published version 0, i.e. it is ready) and the
+  first rollout lease issued; for the TRL baseline ``on_train_begin``. Process start-up (imports,
+  model loading, spawning services) is reported separately as ``startup_s``.
+* An evaluation at step ``s`` is placed at the time the weights of step ``s`` existed (the step's
+  acknowledgement for AstraFlow, the end of the optimizer step for TRL), not at the time the
+  evaluation finished: AstraFlow evaluates on rollout nodes while training continues, TRL evaluates
+  in a callback that stops training, and neither latency says anything about training speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+#: Wide enough for the result tables when the output is a file or a pipe (CI logs, ``| tee``).
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def parse_jsonl(text: str) -> list[dict[str, Any]]:
+    """Records of a JSON-lines text; blank lines and a line cut by a crash are skipped."""
+    records = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            records.append(value)
+    return records
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    return parse_jsonl(path.read_text(encoding="utf-8", errors="replace")) if path.exists() else []
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    """Held-out accuracy of the weights of ``step``, reached ``t`` seconds after training start."""
+
+    step: int
+    t: float
+    accuracy: float
+
+
+def policies_in(records: Iterable[dict[str, Any]]) -> list[str]:
+    return sorted({str(r.get("policy")) for r in records if r.get("policy") is not None})
+
+
+def step_records(records: Iterable[dict[str, Any]], policy: str) -> list[dict[str, Any]]:
+    """The policy's step records in step order (a repeated step keeps its last record)."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for r in records:
+        if r.get("type") == "step" and r.get("policy") == policy and r.get("step") is not None:
+            by_step[int(r["step"])] = r
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def step_times(records: Iterable[dict[str, Any]], policy: str) -> dict[int, float]:
+    """step -> absolute time the step was committed (``time`` of its step record)."""
+    return {int(r["step"]): float(r["time"]) for r in step_records(records, policy) if "time" in r}
+
+
+def eval_points(records: Sequence[dict[str, Any]], policy: str, t0: float) -> list[EvalPoint]:
+    """The policy's evaluations as (step, seconds after ``t0``, accuracy), in step order.
+
+    Each evaluation is placed at the commit time of the step it evaluated (step 0 at ``t0``); an
+    evaluation whose step has no step record (should not happen) falls back to its own ``time``.
+    """
+    times = step_times(records, policy)
+    by_step: dict[int, EvalPoint] = {}
+    for r in records:
+        if r.get("type") != "eval" or r.get("policy") != policy:
+            continue
+        acc = r.get("accuracy")
+        if acc is None or r.get("step") is None:
+            continue
+        step = int(r["step"])
+        if step == 0:
+            t = 0.0
+        elif step in times:
+            t = times[step] - t0
+        else:
+            t = float(r.get("time", t0)) - t0
+        by_step[step] = EvalPoint(step, max(0.0, t), float(acc))
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def time_to_accuracy(points: Sequence[EvalPoint], threshold: float) -> float | None:
+    """Seconds until the first evaluation at or above ``threshold``; None if never reached."""
+    for p in sorted(points, key=lambda p: (p.t, p.step)):
+        if p.accuracy >= threshold - 1e-12:
+            return p.t
+    return None
+
+
+def idle_fraction(intervals: Sequence[tuple[float, float]]) -> float | None:
+    """Share of the training window a trainer spent waiting for data.
+
+    ``intervals`` are (batch served, batch acknowledged) times of one trainer, i.e. the spans it was
+    working on a batch. Idle time is every gap between one acknowledgement and the next batch being
+    served (the trainer is blocked in the batch long-poll); the window runs from the first batch
+    served to the last acknowledgement. Start-up before the first batch is not counted.
+    """
+    spans = sorted((float(a), float(b)) for a, b in intervals if a is not None and b is not None)
+    if not spans:
+        return None
+    window = spans[-1][1] - spans[0][0]
+    if window <= 0:
+        return None
+    idle = 0.0
+    for (_, prev_ack), (served, _) in zip(spans, spans[1:], strict=False):
+        idle += max(0.0, served - prev_ack)
+    return min(1.0, idle / window)
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float | None
+    lo: float | None
+    hi: float | None
+    n: int
+
+    def text(self, fmt: str = "{:.2f}", unit: str = "") -> str:
+        if self.median is None:
+            return "-"
+        if self.n <= 1 or self.lo == self.hi:
+            return fmt.format(self.median) + unit
+        return f"{fmt.format(self.median)}{unit} [{fmt.format(self.lo)}–{fmt.format(self.hi)}]"
+
+
+def spread(values: Iterable[float | None]) -> Spread:
+    """Median and range of the values that exist (None and NaN are left out)."""
+    vals = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    if not vals:
+        return Spread(None, None, None, 0)
+    return Spread(statistics.median(vals), min(vals), max(vals), len(vals))
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def choose_threshold(
+    final_accuracies: dict[str, Sequence[float | None]], accuracy_before: float | None
+) -> float | None:
+    """The accuracy every system is timed to: the lowest median final accuracy among systems.
+
+    Every system reaches it in a typical (median) run, so time-to-accuracy compares systems on a
+    level they all attain. None when some system has no final accuracy or the level is no better
+    than the starting policy (then there is no learning to time).
+    """
+    medians = []
+    for values in final_accuracies.values():
+        s = spread(values)
+        if s.median is None:
+            return None
+        medians.append(s.median)
+    if not medians:
+        return None
+    level = min(medians)
+    if accuracy_before is not None and level <= accuracy_before + 1e-9:
+        return None
+    return level
+
+
+# ----------------------------------------------------------------------------- run summaries
+
+
+@dataclass
+class PolicyResult:
+    """What one policy of one run achieved (the unit every table row is built from)."""
+
+    policy: str
+    steps: int = 0
+    trained_samples: int = 0
+    train_s: float | None = None
+    samples_per_s: float | None = None
+    evals: list[EvalPoint] = field(default_factory=list)
+    reward_first: float | None = None
+    reward_final: float | None = None
+    idle_fraction: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def accuracy_before(self) -> float | None:
+        return self.evals[0].accuracy if self.evals and self.evals[0].step == 0 else None
+
+    @property
+    def accuracy_final(self) -> float | None:
+        return self.evals[-1].accuracy if self.evals else None
+
+    @property
+    def accuracy_best(self) -> float | None:
+        return max((p.accuracy for p in self.evals), default=None)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["evals"] = [asdict(p) for p in self.evals]
+        out["accuracy_before"] = self.accuracy_before
+        out["accuracy_final"] = self.accuracy_final
+        out["accuracy_best"] = self.accuracy_best
+        return out
+
+
+@dataclass
+class RunResult:
+    """One run of one system with one seed."""
+
+    system: str
+    seed: int
+    ok: bool
+    wall_s: float
+    startup_s: float | None = None
+    error: str | None = None
+    run_dir: str | None = None
+    t0: float | None = None  # absolute training-start time (epoch seconds)
+    policies: dict[str, PolicyResult] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "system": self.system,
+            "seed": self.seed,
+            "ok": self.ok,
+            "wall_s": self.wall_s,
+            "startup_s": self.startup_s,
+            "t0": self.t0,
+            "error": self.error,
+            "run_dir": self.run_dir,
+            "policies": {k: v.to_json() for k, v in self.policies.items()},
+        }
+
+
+def mean_reward(records: Sequence[dict[str, Any]], last: int | None = None) -> float | None:
+    vals = [float(r["reward_mean"]) for r in records if r.get("reward_mean") is not None]
+    if last is not None:
+        vals = vals[-last:]
+    return statistics.fmean(vals) if vals else None
+
+
+def summarize_policy(
+    records: Sequence[dict[str, Any]],
+    policy: str,
+    t0: float,
+    intervals: Sequence[tuple[float, float]] = (),
+    reward_window: int = 5,
+) -> PolicyResult:
+    """A :class:`PolicyResult` from metrics records (AstraFlow's metrics.jsonl format)."""
+    steps = step_records(records, policy)
+    res = PolicyResult(policy)
+    res.steps = len(steps)
+    res.trained_samples = int(sum(int(r.get("samples") or 0) for r in steps))
+    if steps and "time" in steps[-1]:
+        res.train_s = float(steps[-1]["time"]) - t0
+        res.samples_per_s = ratio(res.trained_samples, res.train_s)
+    res.evals = eval_points(records, policy, t0)
+    res.reward_first = mean_reward(steps[:reward_window])
+    res.reward_final = mean_reward(steps, last=reward_window)
+    res.idle_fraction = idle_fraction(intervals) if intervals else None
+    staleness = [r["staleness_mean"] for r in steps if r.get("staleness_mean") is not None]
+    if staleness:
+        res.extra["staleness_mean"] = statistics.fmean(staleness)
+    return res
+
+
+# ----------------------------------------------------------------------------- AstraFlow runs
+
+
+@dataclass
+class DataflowTimes:
+    """Timestamps read back from a finished run's dataflow store (read-only)."""
+
+    first_version: float | None = None
+    first_lease: float | None = None
+    batches: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    episodes: int = 0
+    train_episodes: int = 0
+
+    @property
+    def training_start(self) -> float | None:
+        times = [t for t in (self.first_version, self.first_lease) if t is not None]
+        return min(times) if times else None
+
+
+def read_dataflow_times(db_path: Path) -> DataflowTimes:
+    """Version, lease and batch timestamps from ``dataflow.db`` (opened read-only)."""
+    out = DataflowTimes()
+    if not Path(db_path).exists():
+        return out
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=10.0)
+    try:
+        out.first_version = conn.execute("SELECT MIN(created_at) FROM versions").fetchone()[0]
+        out.first_lease = conn.execute("SELECT MIN(issued_at) FROM leases").fetchone()[0]
+        for policy, created, acked in conn.execute(
+            "SELECT policy, created_at, acked_at FROM batches WHERE acked_at IS NOT NULL "
+            "ORDER BY created_at"
+        ):
+            out.batches.setdefault(policy, []).append((float(created), float(acked)))
+        out.episodes = conn.execute("SELECT COUNT(*) FROM episodes").fetchone()[0]
+        out.train_episodes = conn.execute(
+            "SELECT COUNT(*) FROM episodes WHERE is_eval = 0"
+        ).fetchone()[0]
+    except sqlite3.Error as exc:  # a store from another schema version: report, don't crash
+        console.print(f"[yellow]could not read {db_path}: {exc}[/]")
+    finally:
+        conn.close()
+    return out
+
+
+def _log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """SIGTERM the process (the launcher stops its services in order), then SIGKILL its group.
+
+    The launcher's services run in sessions of their own but die with it (PR_SET_PDEATHSIG), so
+    killing the launcher's group leaves nothing behind.
+    """
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def child_env(threads: int = 1, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class ProcessOutcome:
+    returncode: int | None
+    wall_s: float
+    started: float
+    timed_out: bool
+
+
+def run_subprocess(
+    argv: list[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None
+) -> ProcessOutcome:
+    """Run ``argv`` in its own process group with output to ``log_path``; never leaves it behind."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            argv,
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env or child_env(),
+            start_new_session=True,
+        )
+        timed_out = False
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        except BaseException:  # Ctrl-C in the benchmark: stop the run, then re-raise
+            stop_process_group(proc)
+            raise
+        finally:
+            stop_process_group(proc, grace_s=60.0 if timed_out else 5.0)
+    return ProcessOutcome(proc.returncode, time.time() - started, started, timed_out)
+
+
+def run_recipe(
+    recipe: Path,
+    overrides: list[str],
+    *,
+    system: str,
+    seed: int,
+    workdir: Path,
+    timeout_s: float,
+) -> RunResult:
+    """``astraflow train RECIPE --no-live --set ...`` in a subprocess, summarised per policy.
+
+    The run goes to a fresh ``workdir/<system>-s<seed>`` output dir (so the run directory name is
+    the recipe's). ``timeout_s`` is passed to the launcher (it stops its services itself) and is
+    enforced again from here with a margin.
+    """
+    output_dir = workdir / f"{system}-s{seed}"
+    output_dir.mkdir(parents=True, exist_ok=True)
+    sets = [f"run.output_dir={json.dumps(str(output_dir))}", f"run.seed={seed}", *overrides]
+    argv = [sys.executable, "-m", "cli.main", "train", str(recipe), "--no-live"]
+    argv += ["--timeout", str(int(timeout_s))]
+    for s in sets:
+        argv += ["--set", s]
+    log_path = workdir / f"{system}-s{seed}.log"
+    outcome = run_subprocess(argv, log_path, timeout_s + 120.0)
+    run_dirs = sorted(p.parent for p in output_dir.glob("*/recipe.toml"))
+    run_dir = run_dirs[0] if run_dirs else None
+    result = RunResult(system, seed, ok=False, wall_s=outcome.wall_s)
+    result.run_dir = str(run_dir) if run_dir else None
+    problems = []
+    if outcome.timed_out:
+        problems.append(f"killed after {timeout_s + 120:.0f}s")
+    elif outcome.returncode != 0:
+        problems.append(f"`astraflow train` exited with status {outcome.returncode}")
+    if run_dir is None:
+        problems.append(f"no run directory under {output_dir}")
+        result.error = "; ".join(problems) + "\n" + _log_tail(log_path)
+        return result
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    times = read_dataflow_times(run_dir / "dataflow.db")
+    t0 = times.training_start
+    if t0 is None:
+        t0 = min((float(r["time"]) for r in records if "time" in r), default=outcome.started)
+    result.startup_s = t0 - outcome.started
+    result.t0 = t0
+    for policy in policies_in(records):
+        res = summarize_policy(records, policy, t0, times.batches.get(policy, []))
+        res.extra["episodes"] = times.train_episodes
+        result.policies[policy] = res
+    if not any(p.steps for p in result.policies.values()):
+        problems.append("no training step recorded in metrics.jsonl")
+    if problems:
+        tail = _log_tail(log_path)
+        for svc_log in sorted((run_dir / "logs").glob("*.log")):
+            if "Traceback" in svc_log.read_text(errors="replace"):
+                tail += f"\n--- {svc_log.name} ---\n" + _log_tail(svc_log)
+        result.error = "; ".join(problems) + "\n" + tail
+    result.ok = not problems
+    return result
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def fmt(value: float | None, spec: str = "{:.2f}", unit: str = "") -> str:
+    return "-" if value is None else spec.format(value) + unit
+
+
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for i, col in enumerate(columns):
+        t.add_column(col, justify="left" if i == 0 else "right")
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+def write_json(path: Path | str, payload: dict[str, Any]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=_jsonable) + "\n", encoding="utf-8")
+    return path
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (EvalPoint, Spread)):
+        return asdict(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def spread_json(s: Spread) -> dict[str, Any]:
+    return {"median": s.median, "min": s.lo, "max": s.hi, "n": s.n}

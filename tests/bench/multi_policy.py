@@ -1,0 +1,273 @@
+"""Two policies trained together: independent (async, default) versus lock-step (sync) dataflow.
+
+``recipes/multi_policy_math.toml`` (a solver answers arithmetic, a verifier judges the answer; each
+policy has its own trainer, buffer and version stream) runs twice through ``astraflow train``, once
+in the default ``async`` mode and once with ``run.mode = sync`` (rounds: every policy's trainer
+takes one step on the round's rollouts, and the next round starts only when all have), with the
+same seed and the same number of optimizer steps, hence trained samples, per policy.
+
+Reported per mode: training wall time (from training start to the last policy's last step; start-up
+reported apart), the ratio sync/async (``speedup_sync_over_async``, target >= 1.6x), and per policy:
+mean training reward at the start and the end, held-out accuracy at the end, and the trainer's idle
+fraction (share of its training window spent waiting for a batch). A PNG plots reward and held-out
+accuracy against wall time for both modes.
+
+Where the time goes in sync mode: in each round the rollout node generates while both trainers wait,
+then both trainers train (on 2 cores, side by side) while the node waits for the new weights, so
+each trainer idles through every generation phase. In async mode the node keeps generating with
+weights at most ``max_lag`` versions old while the trainers step, each as soon as its own batch is
+ready.
+
+    python tests/bench/multi_policy.py --quick --json /tmp/multi_policy.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import _harness as H
+
+RECIPE = H.REPO_ROOT / "recipes" / "multi_policy_math.toml"
+MODES = ("sync", "async")
+
+NOTES = [
+    "The machine is shared (other jobs may be running): timings are noisy; repeat on an idle "
+    "machine for publication numbers.",
+    "Training wall time starts at the first weight version or rollout lease (whichever is first) "
+    "and ends at the last optimizer step of any policy; start-up is reported apart.",
+]
+
+
+def run_mode(
+    mode: str, seed: int, steps: int, eval_every: int, eval_tasks: int, workdir: Path,
+    timeout_s: float,
+) -> H.RunResult:  # fmt: skip
+    overrides = [
+        f"run.max_steps={steps}",
+        f"run.mode={json.dumps(mode)}",
+        f"run.name={json.dumps('multi-policy-' + mode)}",
+        f"evaluation.every_steps={eval_every}",
+        f"evaluation.num_tasks={eval_tasks}",
+        "logging.report=false",
+    ]
+    return H.run_recipe(
+        RECIPE, overrides, system=mode, seed=seed, workdir=workdir, timeout_s=timeout_s
+    )
+
+
+def train_seconds(run: H.RunResult) -> float | None:
+    """Training start to the last step of the slowest policy."""
+    times = [p.train_s for p in run.policies.values() if p.train_s is not None]
+    return max(times) if times else None
+
+
+def analyse(runs: dict[str, H.RunResult]) -> dict[str, Any]:
+    modes: dict[str, Any] = {}
+    for mode, run in runs.items():
+        modes[mode] = {
+            "ok": run.ok,
+            "wall_s": run.wall_s,
+            "startup_s": run.startup_s,
+            "train_s": train_seconds(run) if run.ok else None,
+            "policies": {
+                name: {
+                    "steps": p.steps,
+                    "trained_samples": p.trained_samples,
+                    "train_s": p.train_s,
+                    "samples_per_s": p.samples_per_s,
+                    "reward_first": p.reward_first,
+                    "reward_final": p.reward_final,
+                    "accuracy_before": p.accuracy_before,
+                    "accuracy_final": p.accuracy_final,
+                    "idle_fraction": p.idle_fraction,
+                    "staleness_mean": p.extra.get("staleness_mean"),
+                }
+                for name, p in sorted(run.policies.items())
+            },
+        }
+    get = lambda m, k: modes.get(m, {}).get(k)  # noqa: E731
+    return {
+        "modes": modes,
+        "speedup_sync_over_async": H.ratio(get("sync", "train_s"), get("async", "train_s")),
+        "speedup_total_wall": H.ratio(get("sync", "wall_s"), get("async", "wall_s"))
+        if get("sync", "ok") and get("async", "ok")
+        else None,
+    }
+
+
+def print_report(summary: dict[str, Any], runs: dict[str, H.RunResult]) -> None:
+    rows = []
+    for mode, m in summary["modes"].items():
+        for name, p in m["policies"].items():
+            rows.append(
+                [
+                    f"{mode} / {name}",
+                    H.fmt(m["wall_s"], "{:.0f}", "s"),
+                    H.fmt(m["startup_s"], "{:.0f}", "s"),
+                    H.fmt(m["train_s"], "{:.0f}", "s"),
+                    f"{p['steps']} ({p['trained_samples']})",
+                    H.fmt(p["samples_per_s"], "{:.1f}"),
+                    f"{H.fmt(p['reward_first'], '{:.3f}')} → {H.fmt(p['reward_final'], '{:.3f}')}",
+                    f"{H.fmt(p['accuracy_before'], '{:.3f}')} → "
+                    f"{H.fmt(p['accuracy_final'], '{:.3f}')}",
+                    H.fmt(p["idle_fraction"], "{:.2f}"),
+                    H.fmt(p["staleness_mean"], "{:.2f}"),
+                ]
+            )
+    H.console.print(
+        H.table(
+            "Multi-policy (solver + verifier): sync vs async dataflow",
+            [
+                "mode / policy",
+                "wall",
+                "startup",
+                "train",
+                "steps (samples)",
+                "samples/s",
+                "reward start → end",
+                "held-out acc",
+                "trainer idle",
+                "staleness",
+            ],
+            rows,
+        )  # fmt: skip
+    )
+    H.console.print(
+        "training wall time sync / async: "
+        f"[bold]{H.fmt(summary['speedup_sync_over_async'], '{:.2f}', 'x')}[/] (target >= 1.6x); "
+        f"total wall incl. start-up: {H.fmt(summary['speedup_total_wall'], '{:.2f}', 'x')}"
+    )
+    for mode, run in runs.items():
+        if not run.ok:
+            H.console.print(f"[red]{mode} run failed:[/] {run.error}")
+    for note in NOTES:
+        H.console.print(f"[dim]- {note}[/]")
+
+
+def plot(runs: dict[str, H.RunResult], path: Path) -> Path | None:
+    """Reward (per step) and held-out accuracy (per evaluation) against training wall time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_r, ax_a) = plt.subplots(1, 2, figsize=(11, 4))
+    styles = {"sync": "--", "async": "-"}
+    drawn = False
+    for mode, run in runs.items():
+        if run.run_dir is None:
+            continue
+        records = H.read_jsonl(Path(run.run_dir) / "metrics.jsonl")
+        for name, p in sorted(run.policies.items()):
+            pts = [
+                (float(r["time"]) - run.t0, float(r["reward_mean"]))
+                for r in H.step_records(records, name)
+                if r.get("reward_mean") is not None and "time" in r and run.t0 is not None
+            ]
+            if pts:
+                ax_r.plot(*zip(*pts, strict=True), styles.get(mode, "-"), label=f"{mode} {name}")
+                drawn = True
+            if p.evals:
+                ax_a.plot(
+                    [e.t for e in p.evals],
+                    [e.accuracy for e in p.evals],
+                    styles.get(mode, "-"),
+                    marker="o",
+                    label=f"{mode} {name}",
+                )
+                drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax_r.set_title("training reward (mean of the step's groups)")
+    ax_a.set_title("held-out accuracy (greedy)")
+    for ax in (ax_r, ax_a):
+        ax.set_xlabel("seconds since training start")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="few steps (about 2 minutes)")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--plot", type=Path, default=None, help="PNG path (default: in the workdir)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=None, help="steps per policy (default: recipe's)")
+    ap.add_argument("--eval-every", type=int, default=None)
+    ap.add_argument("--eval-tasks", type=int, default=None)
+    ap.add_argument("--timeout", type=float, default=None, help="per-run limit in seconds")
+    ap.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="keep the runs here (default: runs/bench/multi_policy-<time>, under the default "
+        "run output dir)",
+    )
+    ns = ap.parse_args(argv)
+
+    from astraflow.recipe import load_recipe
+
+    recipe = load_recipe(RECIPE)
+    steps = ns.steps or (6 if ns.quick else recipe.run.max_steps)
+    eval_every = ns.eval_every or (3 if ns.quick else 10)
+    eval_tasks = ns.eval_tasks or (50 if ns.quick else recipe.evaluation.num_tasks)
+    timeout = ns.timeout or (300.0 if ns.quick else 1800.0)
+    workdir = ns.workdir or (
+        H.REPO_ROOT / "runs" / "bench" / time.strftime("multi_policy-%Y%m%d-%H%M%S")
+    )
+    workdir = workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    plot_path = ns.plot or workdir / "multi_policy.png"
+
+    runs: dict[str, H.RunResult] = {}
+    for mode in MODES:
+        label = f"{mode} mode, seed {ns.seed}, {steps} steps per policy"
+        with H.console.status(f"running {label}…"):
+            started = time.time()
+            runs[mode] = run_mode(mode, ns.seed, steps, eval_every, eval_tasks, workdir, timeout)
+        status = "[green]ok[/]" if runs[mode].ok else "[red]failed[/]"
+        H.console.print(f"{status} {label}: {time.time() - started:.0f}s")
+    summary = analyse(runs)
+    print_report(summary, runs)
+    written = None
+    try:
+        written = plot(runs, plot_path)
+    except Exception as exc:  # noqa: BLE001 - the numbers matter more than the picture
+        H.console.print(f"[yellow]plot failed: {exc}[/]")
+    if written:
+        H.console.print(f"plot: {written}")
+    if ns.json:
+        payload = {
+            "benchmark": "multi_policy",
+            "quick": ns.quick,
+            "settings": {
+                "recipe": str(RECIPE.relative_to(H.REPO_ROOT)),
+                "seed": ns.seed,
+                "steps_per_policy": steps,
+                "eval_every": eval_every,
+                "eval_tasks": eval_tasks,
+                "workdir": str(workdir),
+            },
+            **summary,
+            "plot": str(written) if written else None,
+            "notes": NOTES,
+            "runs": {m: r.to_json() for m, r in runs.items()},
+        }
+        H.write_json(ns.json, payload)
+        H.console.print(f"wrote {ns.json}")
+    return 0 if all(r.ok for r in runs.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

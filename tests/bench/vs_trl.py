@@ -1,0 +1,583 @@
+"""AstraFlow versus TRL's stock ``GRPOTrainer``: time to reach a held-out accuracy on a 2-core CPU.
+
+Three systems train the same starter policy (``builtin:tiny-arith``) on the same task stream
+(``tasks.arith`` train split, in loader order), with the same reward (the Math env's grading,
+``envs.math``), sampling (temperature 1.0, top-p 1, no top-k, ``max_tokens`` of the quickstart),
+group size, groups per step, loss (DAPO, beta 0), learning rate (constant) and number of optimizer
+steps, hence the same number of trained samples:
+
+* ``trl``: ``trl.GRPOTrainer`` generating inside the trainer (transformers ``generate``), in one
+  process with 2 torch threads: it runs alone, so it gets both cores;
+* ``astraflow_async``: ``astraflow train recipes/quickstart.toml`` (dataflow service, one rollout
+  node and one trainer, 1 torch thread each), the default asynchronous dataflow;
+* ``astraflow_sync``: the same with ``run.mode = sync`` (lock-step rounds: generate, then train).
+
+Held-out accuracy: greedy decoding on the first N problems of the arith test split, scored by the
+Math env, every k optimizer steps and at step 0. AstraFlow evaluates on its rollout node while
+training goes on (the evaluation competes with training for the 2 cores, which counts against
+AstraFlow); TRL evaluates in a callback that pauses training, and that pause is *excluded* from
+TRL's clock. Both choices favour TRL, so the measured speed-up is conservative.
+
+Clocks: every system is timed from its training start (``_harness`` docstring); start-up (imports,
+model loading, spawning services) is reported apart. Time to accuracy = time at which the weights
+that first scored >= the threshold existed. The threshold is the lowest median final accuracy among
+the systems (every system reaches it in a typical run), unless ``--threshold`` is given.
+
+    python tests/bench/vs_trl.py --quick --json /tmp/vs_trl.json
+    python tests/bench/vs_trl.py --seeds 3 --json /tmp/vs_trl.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import _harness as H
+
+QUICKSTART = H.REPO_ROOT / "recipes" / "quickstart.toml"
+SYSTEMS = ("trl", "astraflow_async", "astraflow_sync")
+
+NOTES = [
+    "Why not 2x: with generation and training perfectly overlapped, a pipeline can at best hide the "
+    "shorter of the two phases, so the bound over a serial generate-then-train loop is 2x when both "
+    "take equal time. On a 2-core machine the overlap itself is not free: the rollout node and the "
+    "trainer each get one core instead of TRL's two, so each phase runs slower than when it has the "
+    "machine to itself; the held-out evaluation, weight publication (safetensors + sparse delta) and "
+    "weight loading on the node, HTTP/msgpack transfer and the dataflow service's SQLite writes all "
+    "take CPU from the same 2 cores; the zero-variance filter discards groups, so AstraFlow "
+    "generates more rollouts than it trains on; and the AstraFlow trainer runs an extra no-grad "
+    "forward pass per step for the off-policy (importance-sampling) correction.",
+    "Fairness: TRL's evaluation pauses are excluded from its clock, AstraFlow's evaluation runs "
+    "concurrently and slows its training; TRL gets 2 torch threads (it runs alone), AstraFlow's "
+    "services 1 each. Both choices favour TRL.",
+    "The machine is shared (other jobs may be running): timings are noisy; compare medians over "
+    "seeds and re-run on an idle machine for publication numbers.",
+]
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def quickstart_settings() -> dict[str, Any]:
+    """The comparison's shared hyper-parameters, read from the quickstart recipe itself."""
+    from astraflow.recipe import load_recipe
+
+    recipe = load_recipe(QUICKSTART)
+    policy = recipe.policies[recipe.workflow.roles["agent"]]
+    return {
+        "model": policy.model,
+        "temperature": policy.sampling.temperature,
+        "top_p": policy.sampling.top_p,
+        "max_tokens": policy.sampling.max_tokens,
+        "group_size": recipe.tasks.group_size,
+        "groups_per_step": policy.trainer.groups_per_step,
+        "learning_rate": policy.trainer.learning_rate,
+        "loss_type": policy.trainer.loss_type,
+        "beta": policy.trainer.beta,
+        "epsilon": policy.trainer.epsilon,
+        "max_grad_norm": policy.trainer.max_grad_norm,
+        "scale_rewards": policy.trainer.scale_rewards,
+        "env": recipe.tasks.env,
+        "env_kwargs": recipe.tasks.env_kwargs,
+        "task_set": recipe.tasks.sets[0].name,
+        "train_split": recipe.tasks.sets[0].split,
+        "eval_split": recipe.evaluation.split,
+        "max_steps": recipe.run.max_steps,
+        "eval_every": recipe.evaluation.every_steps,
+        "eval_tasks": recipe.evaluation.num_tasks,
+    }
+
+
+# ----------------------------------------------------------------------------- TRL worker
+
+
+def trl_worker(ns: argparse.Namespace) -> None:
+    """Train with stock ``trl.GRPOTrainer``; write metrics in AstraFlow's metrics.jsonl format.
+
+    Runs in its own process (spawned by :func:`run_trl`) so that its threads, memory and start-up
+    are measured exactly like an ``astraflow train`` subprocess.
+    """
+    import torch
+
+    torch.set_num_threads(ns.threads)
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from astraflow.models import load_tokenizer, resolve_model
+    from envs.registry import make_env
+    from tasks.catalog import load_task_set
+
+    cfg = json.loads(ns.settings)
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    metrics_path = out / "metrics.jsonl"
+    group, groups = cfg["group_size"], cfg["groups_per_step"]
+    train = load_task_set(
+        cfg["task_set"], cfg["train_split"], seed=ns.seed, limit=ns.steps * groups
+    )
+    held_out = load_task_set(cfg["task_set"], cfg["eval_split"], seed=ns.seed, limit=ns.eval_tasks)
+    dataset = Dataset.from_list(
+        [
+            {"prompt": [{"role": "user", "content": p["question"]}], "answer": p["answer"]}
+            for p in train
+        ]
+    )
+    path = resolve_model(cfg["model"])
+    tokenizer = load_tokenizer(path)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    env = make_env(cfg["env"], **cfg["env_kwargs"])  # the recipe's env: astraflow/Math-v0
+
+    def score(question: str, answer: str, text: str) -> float:
+        """The Math env's reward for ``text`` as the answer to ``question``."""
+        env.reset(options={"task": {"question": question, "answer": answer}})
+        _, reward, *_ = env.step(text)
+        return float(reward)
+
+    def math_env_reward(prompts, completions, answer, **_: Any) -> list[float]:
+        rewards = []
+        for prompt, completion, gold in zip(prompts, completions, answer, strict=True):
+            question = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
+            text = completion[-1]["content"] if isinstance(completion, list) else str(completion)
+            rewards.append(score(question, gold, text))
+        return rewards
+
+    prompt_ids = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p["question"]}], tokenize=True, add_generation_prompt=True
+        )
+        for p in held_out
+    ]
+    prompt_ids = [
+        p["input_ids"] if isinstance(p, dict) or hasattr(p, "keys") else p for p in prompt_ids
+    ]
+
+    @torch.no_grad()
+    def evaluate(m) -> float:
+        """Greedy accuracy on the held-out problems (the same scoring as the rewards)."""
+        was_training = m.training
+        m.eval()
+        correct = 0.0
+        for start in range(0, len(prompt_ids), 150):
+            chunk = prompt_ids[start : start + 150]
+            width = max(len(p) for p in chunk)
+            ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for i, p in enumerate(chunk):
+                ids[i, width - len(p) :] = torch.tensor(p)
+                mask[i, width - len(p) :] = 1
+            gen = m.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=cfg["max_tokens"],
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+            texts = tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True)
+            for p, text in zip(held_out[start : start + 150], texts, strict=True):
+                correct += score(p["question"], p["answer"], text)
+        if was_training:
+            m.train()
+        return correct / len(held_out)
+
+    state: dict[str, Any] = {"eval_s": 0.0, "generate_s": 0.0, "train_begin": None}
+
+    def clock() -> float:
+        """Absolute time with the evaluation pauses taken out (TRL's training clock)."""
+        return time.time() - state["eval_s"]
+
+    def write(record: dict[str, Any]) -> None:
+        with metrics_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    class HeldOutEval(TrainerCallback):
+        def _eval(self, step: int, m) -> None:
+            started = time.time()
+            acc = evaluate(m)
+            took = time.time() - started
+            state["eval_s"] += took
+            write(
+                {
+                    "type": "eval",
+                    "policy": "policy",
+                    "step": step,
+                    "accuracy": acc,
+                    "n": len(held_out),
+                    "eval_s": took,
+                    "time": clock(),
+                }
+            )
+
+        def on_train_begin(self, args, st, control, model=None, **kw):
+            state["train_begin"] = time.time()
+            self._eval(0, model)
+
+        def on_step_end(self, args, st, control, model=None, **kw):
+            state["step_time"] = clock()
+            state["pending_step"] = st.global_step
+
+        def on_log(self, args, st, control, logs=None, model=None, **kw):
+            step = state.pop("pending_step", None)
+            if step is None or not logs or "loss" not in logs:
+                return
+            write(
+                {
+                    "type": "step",
+                    "policy": "policy",
+                    "step": step,
+                    "samples": group * groups,
+                    "reward_mean": logs.get("reward"),
+                    "time": state["step_time"],
+                    "generate_s_total": state["generate_s"],
+                }
+            )
+            if step % ns.eval_every == 0 or step == ns.steps:
+                self._eval(step, model)
+
+    args = GRPOConfig(
+        output_dir=str(out / "trl"),
+        seed=ns.seed,
+        max_steps=ns.steps,
+        num_generations=group,
+        per_device_train_batch_size=group * groups,
+        gradient_accumulation_steps=1,
+        learning_rate=cfg["learning_rate"],
+        lr_scheduler_type="constant",
+        loss_type=cfg["loss_type"],
+        beta=cfg["beta"],
+        epsilon=cfg["epsilon"],
+        max_grad_norm=cfg["max_grad_norm"],
+        scale_rewards=cfg["scale_rewards"],
+        max_completion_length=cfg["max_tokens"],
+        temperature=cfg["temperature"],
+        top_p=cfg["top_p"],
+        top_k=0,
+        shuffle_dataset=False,
+        disable_dropout=True,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        log_completions=False,
+        dataloader_num_workers=0,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[math_env_reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[HeldOutEval()],
+    )
+    generate = trainer._generate_and_score_completions
+
+    def timed_generate(*a, **kw):  # measurement only: how long the learner is not optimizing
+        started = time.time()
+        try:
+            return generate(*a, **kw)
+        finally:
+            state["generate_s"] += time.time() - started
+
+    trainer._generate_and_score_completions = timed_generate
+    trainer.train()
+    (out / "trl.json").write_text(
+        json.dumps(
+            {
+                "train_begin": state["train_begin"],
+                "end": clock(),
+                "eval_s": state["eval_s"],
+                "generate_s": state["generate_s"],
+            }
+        )
+    )
+
+
+def run_trl(
+    seed: int, steps: int, eval_every: int, eval_tasks: int, threads: int, workdir: Path,
+    timeout_s: float, settings: dict[str, Any],
+) -> H.RunResult:  # fmt: skip
+    out = workdir / f"trl-s{seed}"
+    argv = [
+        sys.executable, str(Path(__file__).resolve()), "--trl-worker",
+        "--seed", str(seed), "--steps", str(steps), "--eval-every", str(eval_every),
+        "--eval-tasks", str(eval_tasks), "--threads", str(threads), "--out", str(out),
+        "--settings", json.dumps(settings),
+    ]  # fmt: skip
+    # PASSIVE: idle OpenMP threads sleep instead of spinning. On a busy 2-core machine a spinning
+    # 2-thread torch runs 10-20x slower (measured: 64x12-token generate 0.3s -> 4.6s).
+    env = H.child_env(threads, {"OMP_WAIT_POLICY": "PASSIVE"})
+    outcome = H.run_subprocess(argv, workdir / f"trl-s{seed}.log", timeout_s, env)
+    result = H.RunResult("trl", seed, ok=False, wall_s=outcome.wall_s, run_dir=str(out))
+    records = H.read_jsonl(out / "metrics.jsonl")
+    info_path = out / "trl.json"
+    info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    begin = info.get("train_begin")
+    if begin is None:
+        begin = min((float(r["time"]) for r in records if "time" in r), default=outcome.started)
+    result.startup_s = begin - outcome.started
+    result.t0 = begin
+    res = H.summarize_policy(records, "policy", begin)
+    steps_recs = H.step_records(records, "policy")
+    if steps_recs and res.train_s:
+        res.idle_fraction = min(1.0, float(steps_recs[-1]["generate_s_total"]) / res.train_s)
+    res.extra["eval_s_excluded"] = info.get("eval_s")
+    res.extra["episodes"] = res.trained_samples
+    result.policies["policy"] = res
+    problems = []
+    if outcome.timed_out:
+        problems.append(f"TRL run killed after {timeout_s:.0f}s")
+    elif outcome.returncode != 0:
+        problems.append(f"TRL worker exited with status {outcome.returncode}")
+    if res.steps == 0:
+        problems.append("no TRL step recorded")
+    if problems:
+        result.error = "; ".join(problems) + "\n" + H._log_tail(workdir / f"trl-s{seed}.log")
+    result.ok = not problems
+    return result
+
+
+def run_astraflow(
+    mode: str, seed: int, steps: int, eval_every: int, eval_tasks: int, workdir: Path,
+    timeout_s: float, extra: list[str] | None = None,
+) -> H.RunResult:  # fmt: skip
+    overrides = [
+        f"run.max_steps={steps}",
+        f"run.mode={json.dumps(mode)}",
+        f"run.name={json.dumps('vs-trl-' + mode)}",
+        f"evaluation.every_steps={eval_every}",
+        f"evaluation.num_tasks={eval_tasks}",
+        "logging.report=false",
+        *(extra or []),
+    ]
+    return H.run_recipe(
+        QUICKSTART,
+        overrides,
+        system=f"astraflow_{mode}",
+        seed=seed,
+        workdir=workdir,
+        timeout_s=timeout_s,
+    )
+
+
+# ----------------------------------------------------------------------------- analysis
+
+
+def analyse(runs: list[H.RunResult], threshold_arg: float | None) -> dict[str, Any]:
+    present = [s for s in SYSTEMS if any(r.system == s for r in runs)]
+    by_system: dict[str, list[H.PolicyResult]] = {s: [] for s in present}
+    wall: dict[str, list[float]] = {s: [] for s in present}
+    startup: dict[str, list[float | None]] = {s: [] for s in present}
+    for r in runs:
+        if r.ok and "policy" in r.policies:
+            by_system[r.system].append(r.policies["policy"])
+            wall[r.system].append(r.wall_s)
+            startup[r.system].append(r.startup_s)
+    before = H.spread(p.accuracy_before for ps in by_system.values() for p in ps).median
+    if threshold_arg is not None:
+        threshold, how = threshold_arg, "given with --threshold"
+    else:
+        threshold = H.choose_threshold(
+            {s: [p.accuracy_final for p in ps] for s, ps in by_system.items() if ps}, before
+        )
+        how = "lowest median final held-out accuracy among the systems"
+    systems: dict[str, Any] = {}
+    for s, ps in by_system.items():
+        tta = [H.time_to_accuracy(p.evals, threshold) if threshold else None for p in ps]
+        systems[s] = {
+            "runs": len(ps),
+            "wall_s": H.spread_json(H.spread(wall[s])),
+            "startup_s": H.spread_json(H.spread(startup[s])),
+            "train_s": H.spread_json(H.spread(p.train_s for p in ps)),
+            "samples_per_s": H.spread_json(H.spread(p.samples_per_s for p in ps)),
+            "trained_samples": H.spread_json(H.spread(p.trained_samples for p in ps)),
+            "accuracy_before": H.spread_json(H.spread(p.accuracy_before for p in ps)),
+            "accuracy_final": H.spread_json(H.spread(p.accuracy_final for p in ps)),
+            "accuracy_best": H.spread_json(H.spread(p.accuracy_best for p in ps)),
+            "time_to_acc_s": H.spread_json(H.spread(tta)),
+            "time_to_acc_reached": sum(t is not None for t in tta),
+            "trainer_idle_fraction": H.spread_json(H.spread(p.idle_fraction for p in ps)),
+            "episodes": H.spread_json(H.spread(p.extra.get("episodes") for p in ps)),
+        }
+    tta_med = {s: systems[s]["time_to_acc_s"]["median"] for s in systems}
+    return {
+        "threshold": threshold,
+        "threshold_rule": how,
+        "accuracy_before": before,
+        "systems": systems,
+        "speedup_time_to_acc": H.ratio(tta_med.get("trl"), tta_med.get("astraflow_async")),
+        "speedup_time_to_acc_sync": H.ratio(tta_med.get("trl"), tta_med.get("astraflow_sync")),
+        "speedup_async_over_sync": H.ratio(
+            tta_med.get("astraflow_sync"), tta_med.get("astraflow_async")
+        ),
+        "speedup_samples_per_s": H.ratio(
+            systems.get("astraflow_async", {}).get("samples_per_s", {}).get("median"),
+            systems.get("trl", {}).get("samples_per_s", {}).get("median"),
+        ),
+    }
+
+
+def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
+    def sp(d: dict[str, Any], spec: str = "{:.1f}", unit: str = "") -> str:
+        return H.Spread(d["median"], d["min"], d["max"], d["n"]).text(spec, unit)
+
+    rows = []
+    for s, d in summary["systems"].items():
+        rows.append(
+            [
+                s,
+                str(d["runs"]),
+                sp(d["wall_s"], "{:.0f}", "s"),
+                sp(d["startup_s"], "{:.0f}", "s"),
+                sp(d["train_s"], "{:.0f}", "s"),
+                sp(d["samples_per_s"], "{:.1f}"),
+                sp(d["accuracy_before"], "{:.3f}"),
+                sp(d["accuracy_final"], "{:.3f}"),
+                sp(d["time_to_acc_s"], "{:.0f}", "s")
+                + f" ({d['time_to_acc_reached']}/{d['runs']})",
+                sp(d["trainer_idle_fraction"], "{:.2f}"),
+            ]
+        )
+    thr = summary["threshold"]
+    H.console.print(
+        H.table(
+            f"AstraFlow vs TRL GRPOTrainer (median and min–max over seeds; "
+            f"threshold {H.fmt(thr, '{:.3f}')}: {summary['threshold_rule']})",
+            [
+                "system",
+                "runs",
+                "wall",
+                "startup",
+                "train",
+                "samples/s",
+                "acc before",
+                "acc final",
+                "time to acc",
+                "trainer idle",
+            ],
+            rows,
+        )  # fmt: skip
+    )
+    H.console.print(
+        f"speed-up in time to accuracy, TRL / AstraFlow async: "
+        f"[bold]{H.fmt(summary['speedup_time_to_acc'], '{:.2f}', 'x')}[/] (target >= 1.5x); "
+        f"TRL / AstraFlow sync: {H.fmt(summary['speedup_time_to_acc_sync'], '{:.2f}', 'x')}; "
+        f"sync / async: {H.fmt(summary['speedup_async_over_sync'], '{:.2f}', 'x')}"
+    )
+    H.console.print(
+        "trainer idle: AstraFlow = share of the training window the trainer waited for a batch; "
+        "TRL = share of training time spent generating and scoring (not optimizing)."
+    )
+    for r in runs:
+        if not r.ok:
+            H.console.print(f"[red]{r.system} seed {r.seed} failed:[/] {r.error}")
+    for note in NOTES:
+        H.console.print(f"[dim]- {note}[/]")
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1 seed, few steps (about 2 minutes)")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per system (default 3)")
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default: recipe's)")
+    ap.add_argument("--eval-every", type=int, default=None, help="evaluate every k steps")
+    ap.add_argument("--eval-tasks", type=int, default=None, help="held-out problems per eval")
+    ap.add_argument("--threshold", type=float, default=None, help="fixed accuracy to time")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
+    ap.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL run")
+    ap.add_argument("--timeout", type=float, default=None, help="per-run limit in seconds")
+    ap.add_argument("--workdir", type=Path, default=None, help="keep runs here (default: temp)")
+    ap.add_argument(
+        "--af-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra recipe override for the AstraFlow runs (exploration; results record it)",
+    )
+    # internal: the TRL run itself, in a subprocess
+    ap.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--settings", default="{}", help=argparse.SUPPRESS)
+    ns = ap.parse_args(argv)
+    if ns.trl_worker:
+        trl_worker(ns)
+        return 0
+
+    settings = quickstart_settings()
+    seeds = ns.seeds or (1 if ns.quick else 3)
+    steps = ns.steps or (8 if ns.quick else settings["max_steps"])
+    eval_every = ns.eval_every or (4 if ns.quick else 10)
+    eval_tasks = ns.eval_tasks or (100 if ns.quick else settings["eval_tasks"])
+    timeout = ns.timeout or (240.0 if ns.quick else 1800.0)
+    systems = [s.strip() for s in ns.systems.split(",") if s.strip()]
+    unknown = set(systems) - set(SYSTEMS)
+    if unknown:
+        ap.error(f"--systems: unknown {sorted(unknown)}; expected some of {', '.join(SYSTEMS)}")
+    settings.update(max_steps=steps, eval_every=eval_every, eval_tasks=eval_tasks, seeds=seeds)
+    settings["astraflow_extra_overrides"] = list(ns.af_set)
+
+    tmp = None
+    if ns.workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="astraflow-vs-trl-")
+        workdir = Path(tmp.name)
+    else:
+        workdir = ns.workdir.resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+    runs: list[H.RunResult] = []
+    try:
+        for seed in range(seeds):
+            for system in systems:
+                label = f"{system} seed {seed} ({steps} steps, eval every {eval_every})"
+                with H.console.status(f"running {label}…"):
+                    started = time.time()
+                    if system == "trl":
+                        r = run_trl(
+                            seed, steps, eval_every, eval_tasks, ns.trl_threads, workdir,
+                            timeout, settings,
+                        )  # fmt: skip
+                    else:
+                        mode = system.removeprefix("astraflow_")
+                        r = run_astraflow(
+                            mode, seed, steps, eval_every, eval_tasks, workdir, timeout
+                        )
+                runs.append(r)
+                pol = r.policies.get("policy")
+                status = "[green]ok[/]" if r.ok else "[red]failed[/]"
+                H.console.print(
+                    f"{status} {label}: {time.time() - started:.0f}s, final accuracy "
+                    f"{H.fmt(pol.accuracy_final if pol else None, '{:.3f}')}"
+                )
+        summary = analyse(runs, ns.threshold)
+        print_report(summary, runs)
+        if ns.json:
+            payload = {
+                "benchmark": "vs_trl",
+                "quick": ns.quick,
+                "settings": settings | {"trl_threads": ns.trl_threads, "astraflow_threads": 1},
+                **summary,
+                "notes": NOTES,
+                "runs": [r.to_json() for r in runs],
+            }
+            H.write_json(ns.json, payload)
+            H.console.print(f"wrote {ns.json}")
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    return 0 if all(r.ok for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

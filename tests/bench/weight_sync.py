@@ -1,0 +1,241 @@
+"""Weight sync cost: sparse delta vs full snapshot (run: python tests/bench/weight_sync.py [--quick]).
+
+For the built-in tiny policy and a larger randomly initialised Qwen2 model, takes a few real AdamW
+steps (fp32 master weights, random token data, small learning rates) and publishes each step's
+weights in fp32 and cast to bf16 (what a bf16 engine holds). Reports per case:
+
+* delta bytes / full snapshot bytes (bf16 weights change in only a fraction of elements at small lr);
+* encode (compute + serialise) and apply (parse + in-place apply) throughput in GB/s of model state,
+  next to a plain ``copy_`` of the same state (memcpy) and the sha256 state digest;
+* end-to-end seconds for a real client to move from v to v+1 over loopback HTTP by delta (fetch,
+  verify, apply, digest check) and by full snapshot (fetch, verify, load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+def _timed(fn, repeat: int = 3) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _model(kind: str, quick: bool):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from astraflow.models import load_model
+
+    if kind == "tiny":
+        return load_model("builtin:tiny-arith")
+    # ~106M (quick) / ~267M params of a Qwen2-shaped model, randomly initialised
+    hidden, layers = (768, 8) if quick else (1024, 12)
+    cfg = Qwen2Config(
+        vocab_size=32000,
+        hidden_size=hidden,
+        intermediate_size=hidden * 4,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 64,
+        tie_word_embeddings=False,
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(cfg).float()
+
+
+def _states_after_steps(model, steps: int, lr: float):
+    """State dicts (CPU, fp32) before and after each of ``steps`` AdamW steps on random tokens."""
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    g = torch.Generator().manual_seed(1)
+    states = [{k: v.detach().clone() for k, v in model.state_dict().items()}]
+    for _ in range(steps):
+        ids = torch.randint(0, model.config.vocab_size, (2, 32), generator=g)
+        loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+    return states
+
+
+def _case(name, states, dtype, tmp: Path, repeat: int) -> dict:
+    import torch
+
+    from astraflow.weights import SparseDelta, WeightClient, WeightStore, state_digest
+    from astraflow.weights.server import create_weight_app, serve_in_thread
+
+    states = [{k: v.to(dtype).contiguous() for k, v in s.items()} for s in states]
+    state_bytes = sum(t.numel() * t.element_size() for t in states[0].values())
+    params = sum(t.numel() for t in states[0].values())
+
+    store = WeightStore(tmp / name)
+    ratios, delta_sizes, full_sizes = [], [], []
+    for v, s in enumerate(states):
+        wv = store.publish("p", v, s)
+        if wv.delta_bytes is not None:
+            ratios.append(wv.delta_bytes / wv.full_bytes)
+            delta_sizes.append(wv.delta_bytes)
+        full_sizes.append(wv.full_bytes)
+
+    old, new = states[-2], states[-1]
+    old_d, new_d = state_digest(old), state_digest(new)
+    encode_s = _timed(
+        lambda: SparseDelta.compute(old, new, old_digest=old_d, new_digest=new_d).to_bytes(), repeat
+    )
+    blob = SparseDelta.compute(old, new, old_digest=old_d, new_digest=new_d).to_bytes()
+    work = {k: v.clone() for k, v in old.items()}
+
+    def apply_once():
+        for k, v in work.items():  # reset to the parent (not timed separately: a memcpy)
+            v.copy_(old[k])
+        SparseDelta.from_bytes(blob).apply_(work, verify=False)
+
+    reset_s = _timed(lambda: [v.copy_(old[k]) for k, v in work.items()], repeat)
+    apply_s = max(1e-9, _timed(apply_once, repeat) - reset_s)
+    assert all(torch.equal(work[k].view(torch.uint8), new[k].view(torch.uint8)) for k in new)
+    memcpy_s = reset_s
+    digest_s = _timed(lambda: state_digest(new), repeat)
+
+    url, stop = serve_in_thread(create_weight_app(store, "bench-token"))
+    try:
+        with WeightClient(url, "bench-token") as client:
+            last = len(states) - 1
+            held = {k: v.clone() for k, v in states[-2].items()}
+
+            def by_delta():
+                for k, v in held.items():
+                    v.copy_(states[-2][k])
+                upd = client.fetch_update("p", last - 1, old_d, want_version=last)
+                assert upd.delta is not None
+                upd.delta.apply_(held)
+
+            def by_full():
+                upd = client.fetch_update("p", None, None, want_version=last)
+                assert upd.full is not None
+                for k, v in held.items():
+                    v.copy_(upd.full[k])
+
+            e2e_delta = max(1e-9, _timed(by_delta, repeat) - reset_s)
+            e2e_full = _timed(by_full, repeat)
+    finally:
+        stop()
+    gb = state_bytes / 1e9
+    return {
+        "case": name,
+        "dtype": str(dtype).removeprefix("torch."),
+        "params": params,
+        "full_bytes": full_sizes[-1],
+        "delta_bytes": delta_sizes[-1],
+        "delta_over_full": statistics.mean(ratios),
+        "delta_over_full_per_step": ratios,
+        "encode_gbps": gb / encode_s,
+        "apply_gbps": gb / apply_s,
+        "memcpy_gbps": gb / memcpy_s,
+        "digest_gbps": gb / digest_s,
+        "e2e_delta_s": e2e_delta,
+        "e2e_full_s": e2e_full,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="~100M-param model, 2 steps (< 2 min)")
+    ap.add_argument("--json", type=Path, help="write the results as JSON here")
+    ap.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate")
+    args = ap.parse_args()
+
+    import torch
+
+    torch.set_num_threads(2)
+    steps = 2 if args.quick else 3
+    repeat = 1 if args.quick else 3
+    rows = []
+    with (
+        tempfile.TemporaryDirectory(prefix="weight-sync-") as tmp,
+        Progress(console=console) as bar,
+    ):
+        plan = [
+            ("tiny", torch.float32),
+            ("tiny", torch.bfloat16),
+            ("large", torch.float32),
+            ("large", torch.bfloat16),
+        ]
+        task = bar.add_task("weight sync", total=len(plan))
+        cache = {}
+        for kind, dtype in plan:
+            if kind not in cache:
+                bar.update(task, description=f"{kind}: AdamW steps")
+                cache = {kind: _states_after_steps(_model(kind, args.quick), steps, args.lr)}
+            bar.update(task, description=f"{kind} {dtype}: measuring")
+            rows.append(_case(f"{kind}-{str(dtype)[6:]}", cache[kind], dtype, Path(tmp), repeat))
+            bar.advance(task)
+
+    table = Table(title=f"Weight sync (AdamW lr={args.lr}, {steps} steps)", title_justify="left")
+    for col in [
+        "case",
+        "params",
+        "full MB",
+        "delta/full",
+        "encode GB/s",
+        "apply GB/s",
+        "memcpy GB/s",
+        "digest GB/s",
+        "e2e delta s",
+        "e2e full s",
+    ]:
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            r["case"],
+            f"{r['params'] / 1e6:.1f}M",
+            f"{r['full_bytes'] / 1e6:.1f}",
+            f"{r['delta_over_full']:.3f}",
+            f"{r['encode_gbps']:.2f}",
+            f"{r['apply_gbps']:.2f}",
+            f"{r['memcpy_gbps']:.2f}",
+            f"{r['digest_gbps']:.2f}",
+            f"{r['e2e_delta_s']:.3f}",
+            f"{r['e2e_full_s']:.3f}",
+        )
+    console.print(table)
+    headline = next(r for r in rows if r["case"] == "large-bfloat16")
+    payload = {
+        "benchmark": "weight_sync",
+        "quick": args.quick,
+        "lr": args.lr,
+        "steps": steps,
+        "delta_over_full": headline["delta_over_full"],
+        "apply_gbps": headline["apply_gbps"],
+        "memcpy_gbps": headline["memcpy_gbps"],
+        "cases": rows,
+    }
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        console.print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

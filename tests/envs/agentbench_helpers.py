@@ -1,0 +1,30 @@
+"""Shared helpers of the AgentBench tests: data location and MariaDB reachability."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "agentbench"
+MYSQL_URL = "mysql://root@127.0.0.1:3306"
+
+
+def need_data() -> Path:
+    if not (DATA / "dbbench" / "dev.jsonl").is_file():
+        pytest.skip(f"AgentBench data not found at {DATA.resolve()} (shared/data beside the repo)")
+    return DATA.resolve()
+
+
+def need_mysql() -> str:
+    try:
+        import pymysql
+    except ImportError:
+        pytest.skip("pymysql is not installed (pip install 'astraflow[mysql]')")
+    try:
+        pymysql.connect(
+            host="127.0.0.1", port=3306, user="root", password="", connect_timeout=3
+        ).close()
+    except pymysql.MySQLError as exc:
+        pytest.skip(f"no MySQL/MariaDB reachable at root@127.0.0.1:3306: {exc}")
+    return MYSQL_URL

@@ -1,0 +1,163 @@
+"""The trainer against the real dataflow service over loopback HTTP.
+
+A "rollout node" (this test, with the tiny model and transformers) leases real tasks, pushes real
+episodes; the trainer pulls them through :class:`DataflowBatchSource`, takes a real optimizer step
+and acknowledges the batch; the service then reports the step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+import torch
+from trainer_rollouts import rollout_group
+
+pytest.importorskip("astraflow.dataflow.app")
+
+import uvicorn  # noqa: E402
+
+from astraflow.dataflow.app import create_app  # noqa: E402
+from astraflow.dataflow.server import bind_socket, url_for  # noqa: E402
+from astraflow.protocol import Episode, Trajectory, WeightVersion  # noqa: E402
+from astraflow.protocol.client import SyncDataflowClient  # noqa: E402
+from astraflow.recipe import Recipe  # noqa: E402
+from astraflow.trainer.grpo import build_trainer  # noqa: E402
+from astraflow.trainer.service import run_trainer  # noqa: E402
+from astraflow.trainer.source import DataflowBatchSource  # noqa: E402
+
+TOKEN = "trainer-test-token"
+
+
+class LoopbackService:
+    """The real dataflow app under uvicorn in a background thread."""
+
+    def __init__(self, recipe: Recipe, store) -> None:
+        self.app = create_app(recipe, store, TOKEN)
+        self.sock = bind_socket("127.0.0.1", 0)
+        self.url = url_for("127.0.0.1", self.sock.getsockname()[1])
+        self.server = uvicorn.Server(
+            uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="on")
+        )
+        self.thread = threading.Thread(
+            target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])), daemon=True
+        )
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            assert time.time() < deadline and self.thread.is_alive(), "dataflow did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def _episodes(lease, group) -> list[Episode]:
+    return [
+        Episode(
+            task_id=lease.task.id,
+            trajectories=[
+                Trajectory(
+                    role="agent",
+                    tokens=s.tokens,
+                    loss_mask=s.loss_mask,
+                    logprobs=s.logprobs,
+                    versions=s.versions,
+                )
+            ],
+            rewards={"agent": s.reward},
+        )
+        for s in group.samples
+    ]
+
+
+def test_trainer_pulls_steps_and_acks_through_the_dataflow(tmp_path, tiny_model_path, tiny_policy):
+    model, tok = tiny_policy
+    recipe = Recipe.model_validate(
+        {
+            "run": {"name": "t", "output_dir": str(tmp_path / "runs"), "max_steps": 2},
+            "policies": {
+                "policy": {"model": "builtin:tiny-arith", "trainer": {"groups_per_step": 2}}
+            },
+            "tasks": {"group_size": 4},
+        }
+    )
+    torch.manual_seed(0)
+    with (
+        LoopbackService(recipe, tmp_path / "df.db") as svc,
+        SyncDataflowClient(svc.url, TOKEN) as client,
+    ):
+        node = client.register(policies={"policy": 0}, name="test-node").node_id
+        leases = client.lease(node_id=node, max_tasks=2, versions={"policy": 0}).leases
+        assert len(leases) == 2
+        for lease in leases:
+            payload = lease.task.payload
+            group = rollout_group(
+                model,
+                tok,
+                payload["question"],
+                str(payload["answer"]),
+                policy="policy",
+                group_size=lease.task.group_size,
+                version=0,
+            )
+            assert client.push(
+                node_id=node, lease_id=lease.id, episodes=_episodes(lease, group)
+            ).accepted
+
+        source = DataflowBatchSource.connect(svc.url, TOKEN, trainer_id="t0", wait_s=5.0)
+        published = []
+        trainer = build_trainer(
+            tiny_model_path,
+            recipe.policies["policy"].trainer,
+            source,
+            tmp_path / "run",
+            "policy",
+            max_steps=1,
+            publish=lambda v, sd: published.append(v),
+        )
+        assert trainer.run(resume=False) == 1
+        source.close()
+        assert published == [0, 1]
+        status = client.status()
+        assert status["policies"]["policy"]["steps"] == 1
+
+        # The service entry point: resumes at version 1, announces each published version, and
+        # stops when the dataflow says the run reached max_steps.
+        leases = client.lease(node_id=node, max_tasks=2, versions={"policy": 1}).leases
+        assert len(leases) == 2
+        for lease in leases:
+            payload = lease.task.payload
+            group = rollout_group(
+                model,
+                tok,
+                payload["question"],
+                str(payload["answer"]),
+                policy="policy",
+                group_size=lease.task.group_size,
+                version=1,
+            )
+            assert client.push(
+                node_id=node, lease_id=lease.id, episodes=_episodes(lease, group)
+            ).accepted
+
+        def publish(version, state_dict):
+            return WeightVersion(
+                policy="policy",
+                version=version,
+                location=str(tmp_path / "weights"),
+                digest=f"sha256:{version:064x}"[:71],
+            )
+
+        final = run_trainer(recipe, "policy", svc.url, TOKEN, tmp_path / "run", publish=publish)
+        assert final == 2
+        status = client.status()
+        assert status["policies"]["policy"]["steps"] == 2
+        assert status["policies"]["policy"]["latest_version"] == 2
+        assert status["training_done"]

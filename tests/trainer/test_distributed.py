@@ -1,0 +1,40 @@
+"""The trainer under torchrun with two CPU processes (gloo): the multi-GPU code path, on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).resolve().parent / "ddp_worker.py"
+
+
+def test_two_process_training_shares_one_batch_and_commits_once(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "0",
+        str(WORKER),
+        str(tmp_path),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        pytest.fail(f"torchrun failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    r0 = json.loads((tmp_path / "rank0.json").read_text())
+    r1 = json.loads((tmp_path / "rank1.json").read_text())
+    assert r0["world"] == r1["world"] == 2
+    assert r0["version"] == r1["version"] == 2
+    # Only rank 0 talks to the source and the weight store; samples are counted over both ranks.
+    assert r0["published"] == [0, 1, 2] and r1["published"] == []
+    assert r0["acks"] == [[1, 12.0], [2, 12.0]] and r1["acks"] == [] and r1["served"] == 0
+    # DDP kept the replicas identical.
+    assert r0["param_sum"] == pytest.approx(r1["param_sum"], abs=1e-9)
