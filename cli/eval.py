@@ -126,6 +126,8 @@ def agentbench(
     except (ValueError, RuntimeError, OSError, ImportError) as exc:
         fail(f"{type(exc).__name__}: {exc}")
     report["meta"]["policy"] = policy if agent == "policy" else None
+    if agent == "policy":
+        report["meta"]["checkpoint"] = resolve_policy(policy)
     for table in render_tables(report):
         console.print(table)
     if out is not None:

@@ -100,6 +100,7 @@ def test_cpu_recipe_trains_end_to_end(name, tmp_path):
     """`astraflow train` on the CPU recipe: every service starts, rollouts run in the real envs and
     the trainer commits its 3 optimizer steps; the run's checkpoint then serves `eval agentbench`."""
     import json
+    import os
     import subprocess
     import sys
 
@@ -112,7 +113,7 @@ def test_cpu_recipe_trains_end_to_end(name, tmp_path):
             select_sandbox("auto")
         except SandboxError as exc:
             pytest.skip(str(exc))
-    env = {**__import__("os").environ, "ASTRAFLOW_AGENTBENCH_DATA": str(data)}
+    env = {**os.environ, "ASTRAFLOW_AGENTBENCH_DATA": str(data)}
     cmd = [sys.executable, "-m", "cli.main", "train", str(RECIPES / name), "--no-live",
            "--timeout", "400", "--set", f"run.output_dir={tmp_path}"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=500, env=env)
