@@ -16,11 +16,12 @@ def load_tokenizer(path: str | Path):
 
 
 def load_model(path: str | Path, device: str = "cpu", dtype: Any = "float32"):
-    """A causal LM in eval mode on ``device``; ``dtype`` is a torch dtype or its name."""
+    """A causal LM in eval mode on ``device``; ``dtype`` is a torch dtype, its name, or "auto"
+    (the checkpoint's own dtype)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    if isinstance(dtype, str):
+    if isinstance(dtype, str) and dtype != "auto":
         resolved = getattr(torch, dtype, None)
         if not isinstance(resolved, torch.dtype):
             raise ValueError(f"unknown dtype {dtype!r}; expected e.g. 'float32', 'bfloat16'")

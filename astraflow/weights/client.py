@@ -1,8 +1,9 @@
 """Node side of the weight store: fetch what moves an engine from its version to the wanted one.
 
 Decision rule: when the node holds version ``have`` with digest ``have_digest`` and ``have`` is at
-most ``max_chain`` versions behind, and every delta in between exists and chains from that digest,
-fetch the deltas; otherwise fetch the full snapshot. Every transferred file is checked against its
+most ``max_chain`` versions behind, every delta in between exists and chains from that digest, and
+the deltas together are smaller than the snapshot, fetch the deltas; otherwise fetch the full
+snapshot. Every transferred file is checked against its
 length and sha256 before it is parsed, and the resulting state's digest is checked when applied
 (deltas) or on load (full), so truncated or corrupted transfers are rejected, never installed.
 
@@ -154,6 +155,8 @@ class WeightClient:
             if m.get("parent") != v - 1 or not m.get("delta_sha256"):
                 return None
             metas.append(m)
+        if sum(int(m["delta_bytes"]) for m in metas) >= int(metas[-1]["full_bytes"]):
+            return None  # the snapshot is no bigger (e.g. fp32 after a large step): take it
         deltas = []
         for m in metas:
             v = int(m["version"])

@@ -245,10 +245,12 @@ class SparseDelta:
             meta = json.loads(header["__metadata__"][METADATA_KEY])
         except (ValueError, KeyError, TypeError) as exc:
             raise DeltaError(f"delta file has no valid {METADATA_KEY!r} metadata: {exc}") from exc
-        if meta.get("format") != FORMAT:
-            raise DeltaError(
-                f"unsupported delta format {meta.get('format')!r}, expected {FORMAT!r}"
-            )
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+            raise DeltaError(f"unsupported delta format {found!r}, expected {FORMAT!r}")
+        for key in ("parent_digest", "digest"):
+            if not isinstance(meta.get(key), str):
+                raise DeltaError(f"delta metadata lacks the {key!r} string")
         entries: dict[str, TensorDelta] = {}
         for i, e in enumerate(meta.get("entries", [])):
             try:

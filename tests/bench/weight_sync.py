@@ -30,9 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 
-def _timed(fn, repeat: int = 3) -> float:
+def _timed(fn, repeat: int = 3, setup=None) -> float:
+    """Median seconds of ``fn`` over ``repeat`` runs; ``setup`` runs untimed before each."""
     times = []
     for _ in range(repeat):
+        if setup is not None:
+            setup()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -107,15 +110,13 @@ def _case(name, states, dtype, tmp: Path, repeat: int) -> dict:
     blob = SparseDelta.compute(old, new, old_digest=old_d, new_digest=new_d).to_bytes()
     work = {k: v.clone() for k, v in old.items()}
 
-    def apply_once():
-        for k, v in work.items():  # reset to the parent (not timed separately: a memcpy)
+    def reset():
+        for k, v in work.items():
             v.copy_(old[k])
-        SparseDelta.from_bytes(blob).apply_(work, verify=False)
 
-    reset_s = _timed(lambda: [v.copy_(old[k]) for k, v in work.items()], repeat)
-    apply_s = max(1e-9, _timed(apply_once, repeat) - reset_s)
+    memcpy_s = _timed(reset, repeat)
+    apply_s = _timed(lambda: SparseDelta.from_bytes(blob).apply_(work, verify=False), repeat, reset)
     assert all(torch.equal(work[k].view(torch.uint8), new[k].view(torch.uint8)) for k in new)
-    memcpy_s = reset_s
     digest_s = _timed(lambda: state_digest(new), repeat)
 
     url, stop = serve_in_thread(create_weight_app(store, "bench-token"))
@@ -124,9 +125,11 @@ def _case(name, states, dtype, tmp: Path, repeat: int) -> dict:
             last = len(states) - 1
             held = {k: v.clone() for k, v in states[-2].items()}
 
-            def by_delta():
+            def reset_held():
                 for k, v in held.items():
                     v.copy_(states[-2][k])
+
+            def by_delta():
                 upd = client.fetch_update("p", last - 1, old_d, want_version=last)
                 assert upd.delta is not None
                 upd.delta.apply_(held)
@@ -137,7 +140,7 @@ def _case(name, states, dtype, tmp: Path, repeat: int) -> dict:
                 for k, v in held.items():
                     v.copy_(upd.full[k])
 
-            e2e_delta = max(1e-9, _timed(by_delta, repeat) - reset_s)
+            e2e_delta = _timed(by_delta, repeat, reset_held)
             e2e_full = _timed(by_full, repeat)
     finally:
         stop()
@@ -170,7 +173,7 @@ def main() -> None:
 
     torch.set_num_threads(2)
     steps = 2 if args.quick else 3
-    repeat = 1 if args.quick else 3
+    repeat = 2 if args.quick else 3
     rows = []
     with (
         tempfile.TemporaryDirectory(prefix="weight-sync-") as tmp,
@@ -189,7 +192,8 @@ def main() -> None:
                 bar.update(task, description=f"{kind}: AdamW steps")
                 cache = {kind: _states_after_steps(_model(kind, args.quick), steps, args.lr)}
             bar.update(task, description=f"{kind} {dtype}: measuring")
-            rows.append(_case(f"{kind}-{str(dtype)[6:]}", cache[kind], dtype, Path(tmp), repeat))
+            reps = 5 if kind == "tiny" else repeat
+            rows.append(_case(f"{kind}-{str(dtype)[6:]}", cache[kind], dtype, Path(tmp), reps))
             bar.advance(task)
 
     table = Table(title=f"Weight sync (AdamW lr={args.lr}, {steps} steps)", title_justify="left")

@@ -162,3 +162,10 @@ def test_models_cli_list_and_bad_name():
     assert bad.exit_code != 0
     bad_steps = runner.invoke(app, ["models", "build", "tiny-arith", "--steps", "-1"])
     assert bad_steps.exit_code != 0
+
+
+def test_load_model_dtype():
+    model = load_model(CKPT, dtype="bfloat16")
+    assert next(model.parameters()).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype"):
+        load_model(CKPT, dtype="float33")

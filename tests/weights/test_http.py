@@ -101,7 +101,7 @@ def test_corrupted_file_on_server_is_rejected_by_client(served):
         client.fetch_update("solver", None, None)
 
 
-def test_client_retries_until_server_is_back(tmp_path):
+def test_client_gives_up_after_retries_when_server_is_down(tmp_path):
     store = WeightStore(tmp_path)
     store.publish("p", 0, {"w": torch.arange(10, dtype=torch.float32)})
     app = create_weight_app(store, TOKEN)

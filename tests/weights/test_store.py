@@ -17,7 +17,8 @@ from astraflow.weights import (
 )
 
 
-def _states(n, dtype=torch.bfloat16, lr=1e-2):
+def _states(n, dtype=torch.bfloat16, frac=0.05):
+    """``n`` versions; each changes a random ``frac`` of the elements (a sparse update)."""
     g = torch.Generator().manual_seed(0)
     state = {
         "a": torch.randn(40, 30, generator=g).to(dtype),
@@ -25,10 +26,10 @@ def _states(n, dtype=torch.bfloat16, lr=1e-2):
     }
     out = [state]
     for _ in range(n - 1):
-        state = {
-            k: (v.float() + lr * torch.randn(v.shape, generator=g)).to(dtype)
-            for k, v in state.items()
-        }
+        state = {k: v.clone() for k, v in state.items()}
+        for v in state.values():
+            hit = torch.rand(v.shape, generator=g) < frac
+            v[hit] = torch.randn(int(hit.sum()), generator=g).to(dtype)
         out.append(state)
     return out
 
@@ -147,6 +148,16 @@ def test_directory_client_uses_delta_chain_when_close_else_full(tmp_path):
     assert client.fetch_update("p", 4, state_digest(states[4])).delta is not None
     store.gc("p", keep=1)  # v5 gone: fall back to full
     assert client.fetch_update("p", 4, state_digest(states[4])).full is not None
+
+
+def test_client_takes_the_snapshot_when_deltas_are_not_smaller(tmp_path):
+    store = WeightStore(tmp_path)
+    states = _states(3, frac=0.9)  # nearly every element changes: deltas ~ dense
+    for v, s in enumerate(states):
+        store.publish("p", v, s)
+    upd = WeightClient(tmp_path).fetch_update("p", 0, state_digest(states[0]))
+    assert upd.full is not None and upd.delta is None
+    _assert_bits(upd.full, states[2])
 
 
 def test_directory_client_rejects_corrupted_and_truncated_files(tmp_path):
