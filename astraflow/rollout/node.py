@@ -74,8 +74,13 @@ class NodeSettings:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     #: role -> policy name (recipe.workflow.roles)
     roles: dict[str, str] = field(default_factory=dict)
+    #: on SIGTERM: how long in-flight groups may run on before their leases are released
+    #: (a second SIGTERM/SIGINT releases them at once)
     drain_timeout_s: float = 60.0
     idle_poll_s: float = 0.5
+    #: how long a push that fails at the network level is retried (same idempotency key, so it
+    #: lands at most once); past this the lease is left to expire and another node redoes the task
+    push_retry_s: float = 120.0
 
 
 class RolloutNode:
@@ -102,8 +107,11 @@ class RolloutNode:
         self.latest: dict[str, int] = {}
         self.locations: dict[str, str] = {}
         self._in_flight: dict[str, asyncio.Task] = {}
+        #: leases whose group is generated and whose push is under way: a drain waits for these
+        self._pushing: set[str] = set()
         self._busy_slots = 0
         self._stopping = asyncio.Event()
+        self._release_now = asyncio.Event()
         self._done = asyncio.Event()
         self._failure: BaseException | None = None
         self._weights_lock = asyncio.Lock()
@@ -114,7 +122,12 @@ class RolloutNode:
         return {name: p.engine.version for name, p in self.policies.items()}
 
     def request_stop(self) -> None:
-        """Graceful stop (SIGTERM): finish or release in-flight work, then deregister."""
+        """Graceful stop (SIGTERM): finish or release in-flight work, then deregister.
+
+        A second request (another SIGTERM, or Ctrl-C twice) stops waiting: unfinished groups are
+        released at once so other nodes can redo them without waiting for the lease deadline."""
+        if self._stopping.is_set():
+            self._release_now.set()
         self._stopping.set()
 
     async def run(self) -> NodeStats:
@@ -137,8 +150,8 @@ class RolloutNode:
                 loop.add_signal_handler(sig, self.request_stop)
             except (NotImplementedError, RuntimeError):  # not main thread / platform
                 pass
+        heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
         workers = [
-            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self._lease_loop(), name="lease"),
             asyncio.create_task(self._weights_loop(), name="weights"),
         ]
@@ -148,10 +161,20 @@ class RolloutNode:
             for w in workers:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
-            await self._drain()
+            if self._failure is not None:
+                # A broken engine: stop heartbeating at once so the service sees the node as dead
+                # and its leases expire; nothing in flight can finish on this engine anyway.
+                heartbeat.cancel()
+                await self._abandon_in_flight()
+            else:
+                # Heartbeats go on while draining, so the leases being finished stay renewed.
+                await self._drain()
+                heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
             if self._failure is None:
                 try:
                     await self.client.deregister(self.node_id)
+                    log.info("deregistered %s", self.node_id)
                 except Exception as exc:  # the service may already be gone at the end of a run
                     log.info("deregister failed: %s", exc)
         if self._failure is not None:
@@ -166,21 +189,50 @@ class RolloutNode:
         done.cancel()
 
     async def _drain(self) -> None:
-        """Finish in-flight groups within the drain timeout; release what is left."""
+        """Finish in-flight groups within the drain timeout; release what is left.
+
+        Groups already being pushed are always awaited: cancelling a push whose request may have
+        landed would leave the node unsure whether its episodes were taken."""
         if not self._in_flight:
             return
-        pending = list(self._in_flight.values())
-        _, still = await asyncio.wait(pending, timeout=self.settings.drain_timeout_s)
-        if still:
-            ids = [lid for lid, t in self._in_flight.items() if t in still]
-            for t in still:
-                t.cancel()
-            await asyncio.gather(*still, return_exceptions=True)
-            if ids and self._failure is None:
-                try:
-                    await self.client.release(self.node_id, ids)
-                except Exception as exc:
-                    log.warning("could not release %d leases: %s", len(ids), exc)
+        log.info(
+            "draining %d in-flight lease(s) (up to %.1fs)",
+            len(self._in_flight),
+            self.settings.drain_timeout_s,
+        )
+        pending = set(self._in_flight.values())
+        release_now = asyncio.create_task(self._release_now.wait())
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        try:
+            while pending and not self._release_now.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                _, pending = await asyncio.wait(
+                    pending | {release_now}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                pending.discard(release_now)
+        finally:
+            release_now.cancel()
+        running = {lid: t for lid, t in self._in_flight.items() if lid not in self._pushing}
+        for t in running.values():
+            t.cancel()
+        await asyncio.gather(*running.values(), return_exceptions=True)
+        # pushes under way finish (the client's own retries bound them)
+        await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+        if running:
+            try:
+                n = await self.client.release(self.node_id, list(running))
+                log.info("released %d unfinished lease(s)", getattr(n, "count", len(running)))
+            except Exception as exc:
+                log.warning("could not release %d leases: %s", len(running), exc)
+
+    async def _abandon_in_flight(self) -> None:
+        """Cancel everything in flight without pushing or releasing (the leases will expire)."""
+        tasks = list(self._in_flight.values())
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
@@ -201,6 +253,7 @@ class RolloutNode:
                     ),
                 )
                 self._note_versions(reply.latest_versions, reply.weight_locations)
+                self._drop_lost(reply.lost)
                 if reply.stop:
                     self._done.set()
             except asyncio.CancelledError:
@@ -208,6 +261,15 @@ class RolloutNode:
             except Exception as exc:  # network trouble: keep trying, leases may expire meanwhile
                 log.warning("heartbeat failed: %s", exc)
             await asyncio.sleep(self.heartbeat_s)
+
+    def _drop_lost(self, lost: list[str]) -> None:
+        """Stop work on leases the service no longer counts (superseded, released, or the task
+        was completed by another node): their episodes would be rejected anyway."""
+        for lease_id in lost or ():
+            task = self._in_flight.get(lease_id)
+            if task is not None and lease_id not in self._pushing:
+                log.info("lease %s lost (task done elsewhere or lease superseded)", lease_id)
+                task.cancel()
 
     def _note_versions(
         self, latest: dict[str, int], locations: dict[str, str] | None = None
@@ -254,9 +316,23 @@ class RolloutNode:
                 try:
                     await served.engine.load_weights(update)
                 except Exception as exc:
-                    raise EngineFailure(
-                        f"engine for {name} failed to load version {want}: {exc}"
-                    ) from exc
+                    if (
+                        type(exc).__name__ == "DeltaError"
+                        and getattr(update, "delta", None) is not None
+                    ):
+                        # The engine's weights are not the delta's parent (e.g. a dtype cast):
+                        # fall back to the full snapshot, which needs no parent.
+                        log.warning(
+                            "delta for %s v%d did not apply (%s); fetching full", name, want, exc
+                        )
+                        update = await asyncio.to_thread(
+                            self.weight_fetcher, name, self.locations[name], None, want
+                        )
+                        await served.engine.load_weights(update)
+                    else:
+                        raise EngineFailure(
+                            f"engine for {name} failed to load version {want}: {exc}"
+                        ) from exc
                 self.stats.weight_updates += 1
                 log.info(
                     "policy %s: v%d -> v%d (%s) in %.2fs",
@@ -308,14 +384,19 @@ class RolloutNode:
     async def _run_lease(self, lease: Lease, slots: int) -> None:
         try:
             episodes = await self._run_group(lease.task)
+            # One push object per lease: every retry sends the same idempotency key and the same
+            # episode ids, so the service stores the group at most once.
             push = TrajectoryPush(
                 idempotency_key=f"push-{lease.id}",
                 node_id=self.node_id,
                 lease_id=lease.id,
                 episodes=episodes,
             )
-            result = await self.client.push(push)
+            self._pushing.add(lease.id)
+            result = await self._push_with_retry(push)
             self.stats.pushes += 1
+            if result.duplicate:
+                log.info("push for %s had already landed (retry answered as duplicate)", lease.id)
             if not result.accepted:
                 log.info("push for %s not accepted: %s", lease.id, result.reason)
         except asyncio.CancelledError:
@@ -326,7 +407,23 @@ class RolloutNode:
             log.exception("lease %s failed: %s", lease.id, exc)
         finally:
             self._busy_slots -= slots
+            self._pushing.discard(lease.id)
             self._in_flight.pop(lease.id, None)
+
+    async def _push_with_retry(self, push: TrajectoryPush):
+        """The client retries a few times itself; a longer outage (a dataflow restart) is bridged
+        here, with the SAME push, until ``push_retry_s`` runs out."""
+        deadline = time.monotonic() + self.settings.push_retry_s
+        delay = 0.5
+        while True:
+            try:
+                return await self.client.push(push)
+            except Exception as exc:
+                if type(exc).__name__ != "ServiceUnreachable" or time.monotonic() >= deadline:
+                    raise
+                log.warning("push for %s failed (%s); retrying", push.lease_id, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def _run_group(self, task: Task) -> list[Episode]:
         spec = self.workflows(task.workflow)
@@ -364,5 +461,18 @@ class RolloutNode:
             )
 
 
+#: Exceptions that mean the engine itself is gone (not that one request was bad). Matched by class
+#: name along the MRO, so the node does not import every engine backend (torch, vllm ...).
+ENGINE_DEAD_ERRORS = frozenset({"EngineDeadError", "EngineFailure", "EngineClosedError"})
+
+
 def _is_engine_dead(exc: BaseException) -> bool:
-    return type(exc).__name__ in {"EngineDeadError", "EngineFailure"}
+    """True when ``exc`` (or an exception it was raised from) says the engine is gone."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if any(cls.__name__ in ENGINE_DEAD_ERRORS for cls in type(cur).__mro__):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False

@@ -27,6 +27,16 @@ class NodeOptions:
     name: str = ""
     region: str | None = None
     torch_threads: int = 1
+    #: on SIGTERM, seconds in-flight groups may run on before their leases are released
+    drain_timeout_s: float = 60.0
+
+
+#: Exit status of a node whose engine died (its leases are left to expire; see node.py).
+EXIT_ENGINE_DEAD = 3
+
+#: Startup probe: a wrong URL must fail in seconds, not after the long retries used mid-run.
+STARTUP_RETRIES = 2
+STARTUP_TIMEOUT_S = 5.0
 
 
 def _sampling(policy_cfg):
@@ -71,18 +81,30 @@ def run_node(opts: NodeOptions, recipe: Recipe | None = None) -> int:
     return asyncio.run(_run(opts, recipe))
 
 
+async def _probe(opts: NodeOptions) -> Recipe:
+    """Reach the service and check the token before loading any model: a wrong URL or token is
+    reported in seconds (``ServiceUnreachable`` / ``AuthError``), not after minutes of retries."""
+    from astraflow.protocol.client import DataflowClient
+
+    async with DataflowClient(
+        opts.join, opts.token, timeout=STARTUP_TIMEOUT_S, retries=STARTUP_RETRIES
+    ) as probe:
+        await probe.healthz()
+        return await probe.recipe()  # needs the token: a wrong one fails here with AuthError
+
+
 async def _run(opts: NodeOptions, recipe: Recipe | None) -> int:
     from astraflow.protocol.client import DataflowClient
-    from astraflow.rollout.node import NodeSettings, RolloutNode
+    from astraflow.rollout.node import EngineFailure, NodeSettings, RolloutNode
     from astraflow.rollout.workflows import default_workflows
     from astraflow.weights import WeightClient
     from envs import default_registry
 
+    served_recipe = await _probe(opts)
+    recipe = recipe or served_recipe
     client = DataflowClient(opts.join, opts.token)
+    policies: dict[str, Any] = {}
     try:
-        await client.healthz()
-        if recipe is None:
-            recipe = await client.recipe()
         policies = build_policies(recipe, opts)
         workflows = default_workflows()
         envs = default_registry()
@@ -92,7 +114,7 @@ async def _run(opts: NodeOptions, recipe: Recipe | None) -> int:
 
         weight_clients: dict[str, Any] = {}
 
-        def fetch(policy: str, location: str, have: int, want: int):
+        def fetch(policy: str, location: str, have: int | None, want: int):
             wc = weight_clients.get(location)
             if wc is None:
                 wc = weight_clients[location] = WeightClient(location, opts.token)
@@ -104,12 +126,24 @@ async def _run(opts: NodeOptions, recipe: Recipe | None) -> int:
             region=opts.region or recipe.rollout.region,
             workflow_kwargs={"max_turns": recipe.workflow.max_turns, **recipe.workflow.kwargs},
             roles=dict(recipe.workflow.roles),
+            drain_timeout_s=opts.drain_timeout_s,
         )
         node = RolloutNode(client, policies, workflows.get, make_env, settings, fetch)
-        stats = await node.run()
+        try:
+            stats = await node.run()
+        except EngineFailure as exc:
+            log.error(
+                "engine failure, node %s stops (its leases expire and other nodes redo them): %s",
+                node.node_id,
+                exc,
+            )
+            return EXIT_ENGINE_DEAD
         log.info("node done: %s", stats.as_metrics())
-        for p in policies.values():
-            await p.engine.close()
         return 0
     finally:
+        for p in policies.values():
+            try:
+                await p.engine.close()
+            except Exception as exc:  # a dead engine may fail to close; the process exits anyway
+                log.debug("closing engine %s: %s", p.name, exc)
         await client.close()

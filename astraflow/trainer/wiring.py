@@ -37,7 +37,7 @@ def serve_trainer(
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     spec = recipe.policies[policy]
-    keep = spec.trainer.keep_versions
+    keep = max(spec.trainer.keep_versions, 5)  # nodes fetch delta chains of up to 4 versions
     # The weight server needs the store to exist before it knows its own URL, and the store stamps
     # that URL into every WeightVersion it announces: bind first, then create the announcing store.
     root = run_dir / "weights"
