@@ -67,6 +67,12 @@ def rollout(
     name: str = typer.Option("", "--name", help="Node name shown in status"),
     region: str = typer.Option(None, "--region", help="Region label shown in status"),
     threads: int = typer.Option(1, "--threads", min=1, help="torch threads for this process"),
+    drain_timeout: float = typer.Option(
+        60.0,
+        "--drain-timeout",
+        min=0.0,
+        help="On SIGTERM: seconds to finish in-flight groups before releasing their leases",
+    ),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Rollout node: engines, workflows, envs; joins a running job (and may leave at any time)."""
@@ -88,7 +94,7 @@ def rollout(
 
     opts = NodeOptions(join=join, token=token, policies=policies, engine=engine,
                        concurrency=concurrency, device=device, name=name, region=region,
-                       torch_threads=threads)  # fmt: skip
+                       torch_threads=threads, drain_timeout_s=drain_timeout)  # fmt: skip
     try:
         code = run_node(opts, spec)
     except AuthError:

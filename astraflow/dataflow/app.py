@@ -304,6 +304,11 @@ def create_app(
     async def status(request: Request):
         return respond(request, await service.status())
 
+    @app.get("/recipe", tags=["meta"], summary="The run's resolved recipe", responses=_ERRORS)
+    async def get_recipe(request: Request):
+        """Lets a node join with only the URL and the token (``serve rollout --join``)."""
+        return respond_raw(request, config.recipe.model_dump(mode="json"), Recipe)
+
     def openapi() -> dict:
         if app.openapi_schema:
             return app.openapi_schema

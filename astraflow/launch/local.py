@@ -119,6 +119,8 @@ class LocalLauncher:
                 str(recipe_path),
                 "--name",
                 f"node-{i}",
+                "--drain-timeout",
+                "10",
             )
             handle.services.append(
                 Service(f"node-{i}", argv, rd / "logs" / f"node-{i}.log").start(env)

@@ -40,6 +40,7 @@ from astraflow.protocol.messages import (
     TrajectoryPush,
 )
 from astraflow.protocol.models import WeightVersion, new_id
+from astraflow.recipe.schema import Recipe
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -309,6 +310,10 @@ class DataflowClient(_ClientBase):
     async def status(self) -> dict:
         return await self._execute(_Call("GET", "/status"))
 
+    async def recipe(self) -> Recipe:
+        """The run's resolved recipe (``GET /recipe``), so a node needs only URL and token."""
+        return Recipe.model_validate(await self._execute(_Call("GET", "/recipe")))
+
 
 class SyncDataflowClient(_ClientBase):
     """Blocking client with the same methods, for a trainer thread or scripts."""
@@ -411,3 +416,7 @@ class SyncDataflowClient(_ClientBase):
 
     def status(self) -> dict:
         return self._execute(_Call("GET", "/status"))
+
+    def recipe(self) -> Recipe:
+        """The run's resolved recipe (``GET /recipe``)."""
+        return Recipe.model_validate(self._execute(_Call("GET", "/recipe")))
