@@ -74,7 +74,7 @@ def test_run_directory_is_complete(quick_run):
         assert (run_dir / name).exists(), name
     evals = _records(run_dir, "eval")
     assert evals and all(0.0 <= e["accuracy"] <= 1.0 and e["n"] == 16 for e in evals)
-    ckpts = sorted((run_dir / "checkpoints" / "policy").glob("step-*"))
+    ckpts = sorted((run_dir / "checkpoints" / "policy").glob("checkpoint-*"))
     assert ckpts, "no checkpoint written"
     from transformers import AutoModelForCausalLM
 

@@ -29,6 +29,10 @@ After every optimizer step (in ``_maybe_log_save_evaluate``, i.e. after logging 
 save): publish the new version when due, then acknowledge the batch with the version and the step's
 metrics, then call ``on_step``. Publishing first means the version exists in the weight store by
 the time the dataflow learns of it. ``version == global_step``, so it continues across resume.
+
+Under accelerate/torchrun only the main process talks to the source and the publisher: it pulls the
+batch and broadcasts it, every process trains on its share of the groups (padded with inert rows
+to equal size, as TRL's cross-process statistics need), and the main process acknowledges.
 """
 
 from __future__ import annotations

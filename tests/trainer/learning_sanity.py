@@ -3,8 +3,8 @@
 An in-process actor-learner loop: the tiny built-in policy samples groups with transformers, a
 simple rule scores them, :func:`astraflow.trainer.grpo.build_trainer` takes GRPO steps on them, and
 every published version is loaded back into the sampler (so the data stays on-policy, as a rollout
-node following the weight store would). The reward rule is deliberately trivial (answer with digits
-and end the turn), so a few dozen CPU steps show a clear upward trend.
+node following the weight store would). The reward is exact-match on two-operand additions, which
+the warm-started tiny policy solves only part of the time, so a few dozen CPU steps show the trend.
 
     python tests/trainer/learning_sanity.py --steps 30
 """
@@ -26,11 +26,32 @@ from trainer_rollouts import arith_prompts, make_batch, rollout_group  # noqa: E
 
 
 def rule_reward(text: str, answer: str) -> float:
-    """Fraction of digit characters; the exact answer scores 2."""
-    text = text.strip()
-    if text == answer:
-        return 2.0
-    return sum(c.isdigit() for c in text) / max(1, len(text))
+    """1 for the exact answer, else 0 (the arithmetic task's own verifier, in one line)."""
+    return 1.0 if text.strip() == answer else 0.0
+
+
+@torch.no_grad()
+def greedy_accuracy(model, tok, problems: list[tuple[str, str]]) -> float:
+    """Exact-match accuracy of greedy answers on held-out problems (one padded batch)."""
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+        )
+        for q, _ in problems
+    ]
+    tok.padding_side = "left"
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    out = model.generate(
+        **enc,
+        do_sample=False,
+        max_new_tokens=6,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    answers = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    return sum(a.strip() == ans for a, (_, ans) in zip(answers, problems, strict=True)) / len(
+        problems
+    )
 
 
 def main() -> int:
@@ -45,10 +66,10 @@ def main() -> int:
     from astraflow.trainer.source import InProcessBatchSource
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--loss", default="dapo")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -60,6 +81,8 @@ def main() -> int:
     tok = load_tokenizer(path)
     sampler = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     rewards: list[float] = []
+    held_out = arith_prompts(300, seed=424242)
+    acc_before = greedy_accuracy(sampler, tok, held_out)
 
     def producer(policy, num_groups, version):
         groups = [
@@ -110,7 +133,7 @@ def main() -> int:
         trainer.run(resume=False)
         elapsed = time.perf_counter() - started
 
-    table = Table(title="learning sanity (tiny-arith, digits rule)")
+    table = Table(title="learning sanity (tiny-arith, exact-match addition)")
     for col in ("step", "reward", "loss", "entropy", "grad_norm", "IS ratio max"):
         table.add_column(col, justify="right")
     for h in history[:: max(1, len(history) // 10)] + history[-1:]:
@@ -125,13 +148,25 @@ def main() -> int:
     console.print(table)
     k = max(1, len(rewards) // 5)
     first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+    acc_after = greedy_accuracy(sampler, tok, held_out)
     console.print(
-        f"mean reward first {k} steps {first:.3f} -> last {k} steps {last:.3f} "
+        f"sampled reward: first {k} steps {first:.3f} -> last {k} steps {last:.3f}; "
+        f"held-out greedy accuracy ({len(held_out)} problems): {acc_before:.3f} -> {acc_after:.3f} "
         f"({args.steps} steps in {elapsed:.1f}s)"
     )
     if args.json:
-        args.json.write_text(json.dumps({"first": first, "last": last, "history": history}))
-    return 0 if last > first else 1
+        args.json.write_text(
+            json.dumps(
+                {
+                    "first": first,
+                    "last": last,
+                    "acc_before": acc_before,
+                    "acc_after": acc_after,
+                    "history": history,
+                }
+            )
+        )
+    return 0 if acc_after > acc_before else 1
 
 
 if __name__ == "__main__":
