@@ -48,12 +48,18 @@ class RunHandle:
 
 class LocalLauncher:
     def __init__(
-        self, recipe: Recipe, run_dir: Path, resume: bool = False, startup_timeout_s: float = 120.0
+        self,
+        recipe: Recipe,
+        run_dir: Path,
+        resume: bool = False,
+        startup_timeout_s: float = 120.0,
+        eval_grace_s: float = 300.0,
     ):
         self.recipe = recipe
         self.run_dir = run_dir
         self.resume = resume
         self.startup_timeout_s = startup_timeout_s
+        self.eval_grace_s = eval_grace_s
         self.token = secrets.token_urlsafe(24)
         self.handle: RunHandle | None = None
 
@@ -183,6 +189,7 @@ class LocalLauncher:
         """Block until the run is done. Returns 'done', 'failed:<service>' or 'timeout'."""
         assert self.handle
         start = time.time()
+        trained_at: float | None = None
         while True:
             st = self.status()
             if on_status:
@@ -194,9 +201,17 @@ class LocalLauncher:
                     return f"failed:{svc.name}"
             if svc_dead(self.handle.by_prefix("dataflow")):
                 return "failed:dataflow"
-            if trainers and all(t.returncode() == 0 for t in trainers):
+            trained = all(t.returncode() == 0 for t in trainers)
+            if trained and trained_at is None:
+                trained_at = time.time()
+            nodes = self.handle.by_prefix("node-")
+            # Training is over once the trainers exit; the run is over once the final evaluations
+            # ran too (the service then says done and the nodes leave), or after a grace period.
+            if trained and (
+                (st and st.get("done")) or (nodes and all(not n.alive() for n in nodes))
+            ):
                 return "done"
-            if not trainers and st and st.get("done"):
+            if trained_at is not None and time.time() - trained_at > self.eval_grace_s:
                 return "done"
             if timeout_s is not None and time.time() - start > timeout_s:
                 return "timeout"
