@@ -16,6 +16,7 @@ LEVELS: dict[int, list[tuple[str, int, int]]] = {
     3: [("+", 0, 999), ("-", 0, 999), ("*", 0, 99)],
 }
 SPLIT_SIZES = {"train": 20_000, "test": 500}
+TEST_SIZE_CAP = {1: 50}
 _SPLIT_SEEDS = {"train": 1_000_003, "test": 7_777_777}
 
 
@@ -37,7 +38,9 @@ def generate(split: str = "train", seed: int = 0, size: int | None = None, level
     test_rng = random.Random(_SPLIT_SEEDS["test"] + level)
     test = []
     seen_test = set()
-    while len(test) < SPLIT_SIZES["test"]:
+    # level 1 has only ~200 distinct problems: hold out a quarter of them, not 500
+    n_test = min(SPLIT_SIZES["test"], TEST_SIZE_CAP.get(level, SPLIT_SIZES["test"]))
+    while len(test) < n_test:
         p = problem(test_rng, level)
         if p["question"] not in seen_test:
             seen_test.add(p["question"])

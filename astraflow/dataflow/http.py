@@ -17,7 +17,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from astraflow.protocol.codec import JSON, MSGPACK, BodyTooLarge, decode
+from astraflow.protocol.codec import JSON, MSGPACK, BodyTooLarge, decode, encode
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -121,8 +121,6 @@ def reply_type(request: Request) -> str:
 
 def respond(request: Request, model: BaseModel, status: int = 200) -> Response:
     ctype = reply_type(request)
-    from astraflow.protocol.codec import encode
-
     return Response(encode(model, ctype), status_code=status, media_type=ctype)
 
 

@@ -80,15 +80,14 @@ def run(
     port_file: Path | None = None,
     log_level: str = "warning",
 ) -> None:
-    import sys
-
-    if os.environ.get("ASTRAFLOW_SWITCH_INTERVAL"):
-        sys.setswitchinterval(float(os.environ["ASTRAFLOW_SWITCH_INTERVAL"]))
     try:
         import uvloop
 
         factory = uvloop.new_event_loop
     except ImportError:  # pragma: no cover - uvloop comes with uvicorn[standard]
         factory = None
-    with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(serve(app, host, port, port_file, log_level))
+    if factory is not None and hasattr(asyncio, "Runner"):  # Python >= 3.11
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(serve(app, host, port, port_file, log_level))
+    else:
+        asyncio.run(serve(app, host, port, port_file, log_level))

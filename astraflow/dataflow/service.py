@@ -218,5 +218,8 @@ class DataflowService:
             "commits": self.store.commits,
             "ops": self.store.ops,
             "synchronous": self.store.synchronous,
+            "op_seconds": round(self.store.op_seconds, 4),
+            "commit_seconds": round(self.store.commit_seconds, 4),
+            "max_commit_seconds": round(self.store.max_commit_seconds, 4),
         }
         return doc

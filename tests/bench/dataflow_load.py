@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,13 +63,11 @@ def write_recipe(workdir: Path, group_size: int, groups_per_step: int) -> Path:
 
 
 class ServiceProcess:
-    def __init__(self, workdir: Path, recipe: Path, synchronous: str, profile: Path | None):
+    def __init__(self, workdir: Path, recipe: Path, synchronous: str):
         self.workdir = workdir
         port_file = workdir / "port"
-        cmd = [sys.executable]
-        if profile is not None:
-            cmd += ["-m", "cProfile", "-o", str(profile)]
-        cmd += [
+        cmd = [
+            sys.executable,
             "-m",
             "cli.main",
             "serve",
@@ -94,6 +93,32 @@ class ServiceProcess:
             time.sleep(0.05)
         self.url = port_file.read_text().strip()
         self.ps = psutil.Process(self.proc.pid)
+
+    def start_profile(self, path: Path, seconds: float) -> subprocess.Popen | None:
+        """Sample the service with py-spy (only threads holding the GIL, i.e. Python CPU time)."""
+        if shutil.which("py-spy") is None:
+            console.print("[yellow]py-spy not installed (pip install py-spy); no profile[/]")
+            return None
+        return subprocess.Popen(
+            [
+                "py-spy",
+                "record",
+                "--pid",
+                str(self.proc.pid),
+                "--duration",
+                str(int(seconds)),
+                "--rate",
+                "250",
+                "--gil",
+                "--threads",
+                "--format",
+                "raw",
+                "-o",
+                str(path),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     def cpu_s(self) -> float:
         t = self.ps.cpu_times()
@@ -153,6 +178,37 @@ def push_body(node_id: str, lease_id: str, task_id: str, traj: dict, reward: flo
     )
 
 
+#: Where the service's Python CPU time goes, by the frame a sample passes through.
+PROFILE_BUCKETS = [
+    ("HTTP parsing/writing (uvicorn, httptools)", "HttpToolsProtocol"),
+    ("push: decode + validate (msgpack, numpy, pydantic)", "decode_push"),
+    ("push: store transaction (SQL, group formation)", "ingest.py"),
+    ("lease: store transaction", "leases.py"),
+    ("batches: selection + assembly", "batching.py"),
+    ("FastAPI routes (JSON, status, others)", "fastapi/routing.py"),
+    ("store writer loop outside operations (commit)", "store.py"),
+]
+
+
+def summarize_profile(path: Path) -> list[tuple[str, float]]:
+    counts: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        total += int(n)
+        for label, needle in PROFILE_BUCKETS:
+            if needle in stack:
+                counts[label] = counts.get(label, 0) + int(n)
+                break
+        else:
+            counts["other (asyncio, plumbing)"] = counts.get("other (asyncio, plumbing)", 0) + int(
+                n
+            )
+    return sorted(((k, v / max(total, 1)) for k, v in counts.items()), key=lambda kv: -kv[1])
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -170,6 +226,8 @@ async def run_phase(
     step_s: float,
     templates: list[dict],
     service: ServiceProcess,
+    rate: float | None = None,
+    profile: Path | None = None,
 ) -> dict:
     state = {"measuring": False, "pushes": 0, "leases": 0, "batches": 0, "samples": 0, "errors": 0}
     push_lat: list[float] = []
@@ -184,9 +242,13 @@ async def run_phase(
         for _ in range(clients)
     ]
 
+    interval = clients / rate if rate else 0.0
+
     async def node(i: int) -> None:
         rng = random.Random(i)
         client = node_clients[i]
+        loop = asyncio.get_running_loop()
+        next_push = loop.time() + rng.random() * interval
         node_id = (await client.register(policies={"policy": 0}, name=f"sim-{i}")).node_id
         last_hb = time.monotonic()
         while not stop.is_set():
@@ -198,6 +260,11 @@ async def run_phase(
             assert isinstance(grant, LeaseGrant)
             for lease in grant.leases:
                 for _ in range(group_size):
+                    if interval:  # paced: this node pushes rate/clients episodes per second
+                        next_push += interval
+                        delay = next_push - loop.time()
+                        if delay > 0:
+                            await asyncio.sleep(delay)
                     body = push_body(
                         node_id,
                         lease.id,
@@ -256,6 +323,7 @@ async def run_phase(
     status0 = await client.status()
     cpu0, client_cpu0, t0 = service.cpu_s(), time.process_time(), time.perf_counter()
     state["measuring"] = True
+    spy = service.start_profile(profile, duration) if profile else None
     await asyncio.sleep(duration)
     state["measuring"] = False
     elapsed = time.perf_counter() - t0
@@ -266,10 +334,13 @@ async def run_phase(
     await client.close()
     for c in node_clients:
         await c.close()
+    if spy is not None:
+        spy.wait(timeout=60)
     pushes = state["pushes"]
     commits = status1["store"]["commits"] - status0["store"]["commits"]
     return {
         "clients": clients,
+        "offered": f"{rate:.0f}/s" if rate else "max",
         "seconds": round(elapsed, 2),
         "pushes": pushes,
         "pushes_per_s": pushes / elapsed,
@@ -282,9 +353,22 @@ async def run_phase(
         "samples_per_s_to_trainer": state["samples"] / elapsed,
         "service_cpu_s_per_1k_pushes": (cpu1 - cpu0) / max(pushes, 1) * 1000,
         "service_cpu_util": (cpu1 - cpu0) / elapsed,
+        # pushes the service handles per second of its own CPU: its capacity on one free core,
+        # independent of how much CPU the (shared) machine left it during the run
+        "pushes_per_service_cpu_s": pushes / max(cpu1 - cpu0, 1e-9),
         "client_cpu_util": (client_cpu1 - client_cpu0) / elapsed,
         "commits_per_s": commits / elapsed,
         "ops_per_commit": (status1["store"]["ops"] - status0["store"]["ops"]) / max(commits, 1),
+        "commit_ms": 1000
+        * (status1["store"]["commit_seconds"] - status0["store"]["commit_seconds"])
+        / max(commits, 1),
+        "writer_busy": (
+            status1["store"]["commit_seconds"]
+            - status0["store"]["commit_seconds"]
+            + status1["store"]["op_seconds"]
+            - status0["store"]["op_seconds"]
+        )
+        / elapsed,
         "rejected_pushes": state["errors"],
     }
 
@@ -292,7 +376,15 @@ async def run_phase(
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="short phases (< 2 min in all)")
-    ap.add_argument("--clients", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--clients", type=int, nargs="*", default=[64, 256])
+    ap.add_argument(
+        "--paced-clients",
+        type=int,
+        nargs="*",
+        default=[256],
+        help="phases whose clients together offer --rate pushes/s",
+    )
+    ap.add_argument("--rate", type=float, default=1000.0, help="offered pushes/s when paced")
     ap.add_argument("--duration", type=float, default=None, help="measured seconds per phase")
     ap.add_argument("--warmup", type=float, default=None)
     ap.add_argument("--group-size", type=int, default=4)
@@ -303,22 +395,30 @@ def main() -> int:
         "--profile",
         type=Path,
         default=None,
-        help="write a cProfile of the service (main thread) per phase to PATH.N",
+        help="profile the service with py-spy (GIL-holding samples) to PATH.CLIENTS per phase",
     )
     ap.add_argument("--json", type=Path, default=None, help="write results here")
     args = ap.parse_args()
-    duration = args.duration or (12.0 if args.quick else 30.0)
-    warmup = args.warmup if args.warmup is not None else (4.0 if args.quick else 8.0)
+    duration = args.duration or (10.0 if args.quick else 30.0)
+    warmup = args.warmup if args.warmup is not None else (3.0 if args.quick else 8.0)
     templates = episode_templates(16)
     results = []
-    for clients in args.clients:
+    # Closed loop (every client pushes as fast as it can) measures capacity; a paced phase offers
+    # a fixed total rate spread over the clients and measures latency at that load.
+    phases = [(c, None) for c in args.clients] + [(c, args.rate) for c in args.paced_clients]
+    for clients, rate in phases:
         with tempfile.TemporaryDirectory(prefix="df-bench-") as tmp:
             workdir = Path(tmp)
             recipe = write_recipe(workdir, args.group_size, args.batch_groups)
-            profile = Path(f"{args.profile}.{clients}") if args.profile else None
-            service = ServiceProcess(workdir, recipe, args.synchronous, profile)
+            profile = (
+                Path(f"{args.profile}.{clients}{'-paced' if rate else ''}")
+                if args.profile
+                else None
+            )
+            service = ServiceProcess(workdir, recipe, args.synchronous)
+            offered = f"{rate:.0f} pushes/s offered" if rate else "closed loop"
             console.print(
-                f"[bold]phase[/] {clients} clients for {duration:.0f}s "
+                f"[bold]phase[/] {clients} clients, {offered}, {duration:.0f}s "
                 f"(+{warmup:.0f}s warm-up) against {service.url}"
             )
             try:
@@ -334,6 +434,8 @@ def main() -> int:
                             args.step_s,
                             templates,
                             service,
+                            rate,
+                            profile,
                         )
                     )
                 )
@@ -345,6 +447,7 @@ def main() -> int:
     )
     cols = [
         ("clients", "clients", "{:d}"),
+        ("offered", "offered", "{}"),
         ("pushes/s", "pushes_per_s", "{:.0f}"),
         ("push p50 ms", "p50_ms", "{:.1f}"),
         ("push p99 ms", "p99_ms", "{:.1f}"),
@@ -352,18 +455,34 @@ def main() -> int:
         ("lease p99 ms", "lease_p99_ms", "{:.1f}"),
         ("batches/s", "batches_per_s", "{:.2f}"),
         ("svc CPU s/1k pushes", "service_cpu_s_per_1k_pushes", "{:.2f}"),
+        ("pushes per svc CPU-s", "pushes_per_service_cpu_s", "{:.0f}"),
         ("svc CPU", "service_cpu_util", "{:.0%}"),
         ("client CPU", "client_cpu_util", "{:.0%}"),
         ("commits/s", "commits_per_s", "{:.0f}"),
         ("ops/commit", "ops_per_commit", "{:.1f}"),
+        ("commit ms", "commit_ms", "{:.1f}"),
+        ("writer busy", "writer_busy", "{:.0%}"),
     ]
     for title, _, _ in cols:
         table.add_column(title, justify="right")
     for r in results:
         table.add_row(*[fmt.format(r[key]) for _, key, fmt in cols])
     console.print(table)
+    if args.profile:
+        for r in results:
+            path = Path(f"{args.profile}.{r['clients']}{'' if r['offered'] == 'max' else '-paced'}")
+            if not path.exists():
+                continue
+            prof = Table(title=f"service CPU by component ({r['clients']} clients, {r['offered']})")
+            prof.add_column("component")
+            prof.add_column("share of GIL samples", justify="right")
+            for label, share in summarize_profile(path):
+                prof.add_row(label, f"{share:.0%}")
+            r["profile"] = dict(summarize_profile(path))
+            console.print(prof)
     if args.json:
-        top = max(results, key=lambda r: r["clients"])
+        closed = [r for r in results if r["offered"] == "max"] or results
+        top = max(closed, key=lambda r: r["clients"])
         args.json.write_text(
             json.dumps(
                 {
@@ -371,6 +490,7 @@ def main() -> int:
                     "p50_ms": top["p50_ms"],
                     "p99_ms": top["p99_ms"],
                     "clients": top["clients"],
+                    "max_pushes_per_s": max(r["pushes_per_s"] for r in closed),
                     "synchronous": args.synchronous,
                     "phases": results,
                 },

@@ -59,12 +59,23 @@ def test_lease_push_batch_ack_round_trip(client, service):
     assert {g.reward_mean for g in batch.groups} == {0.5}
     ack = client.ack(batch.id, trainer_version=1, metrics={"loss": 0.25})
     assert ack.ok
+    # acked samples keep their record but free their token arrays (the store stops growing)
+    sizes = service.service.store.call(
+        lambda tx: tx.execute("SELECT length(tokens), reward FROM samples").fetchall()
+    )
+    assert len(sizes) == 8 and {n for n, _ in sizes} == {0}
     status = client.status()
     assert status["policies"]["policy"]["steps"] == 1
     metrics = (service.service.config.metrics_path).read_text().splitlines()
     rec = json.loads(metrics[0])
     assert rec["type"] == "step" and rec["step"] == 1 and rec["version"] == 1
     assert rec["metrics"] == {"loss": 0.25} and rec["samples"] == 8 and rec["reward_mean"] == 0.5
+
+
+def test_recipe_is_served_to_joining_nodes(client, service):
+    recipe = client.recipe()
+    assert recipe == service.service.config.recipe
+    assert recipe.tasks.group_size == 4 and recipe.policies["policy"].trainer.groups_per_step == 2
 
 
 def test_push_is_idempotent_and_first_finisher_wins(client):
