@@ -104,6 +104,43 @@ def _admission(ctx: Context, req: LeaseRequest, latest: dict[str, int]) -> str |
     return None
 
 
+def _buffer_room(ctx: Context, tx: Tx) -> tuple[int, str | None]:
+    """Async backpressure: how many more training tasks may start now.
+
+    Data produced beyond what the trainers will consume within ``dataflow.buffer_steps`` optimizer
+    steps only goes stale (and is then dropped), while its generation takes CPU/GPU time from the
+    trainers. So each trainable policy's buffered groups plus the groups in flight are capped at
+    ``buffer_steps * groups_per_step``; the tightest policy sets the room.
+    """
+    steps = ctx.config.recipe.dataflow.buffer_steps
+    if not steps or not ctx.config.trainable:
+        return 1 << 30, None
+    in_flight = tx.scalar(
+        "SELECT COUNT(*) FROM leases l JOIN tasks t ON t.id = l.task_id "
+        "WHERE l.state='active' AND t.is_eval=0",
+        (),
+        0,
+    )
+    ready = dict(
+        tx.execute(
+            "SELECT policy, COUNT(*) FROM groups WHERE state='ready' GROUP BY policy"
+        ).fetchall()
+    )
+    room, tightest = 1 << 30, ""
+    for p in ctx.config.trainable:
+        cap = steps * ctx.config.recipe.policies[p].trainer.groups_per_step
+        free = cap - ready.get(p, 0) - in_flight
+        if free < room:
+            room, tightest = (
+                free,
+                (
+                    f"backpressure: policy {p} has {ready.get(p, 0)} groups buffered and {in_flight} "
+                    f"in flight (cap {cap} = dataflow.buffer_steps x groups_per_step)"
+                ),
+            )
+    return (room, None) if room > 0 else (0, tightest)
+
+
 def _eval_candidates(tx: Tx, req: LeaseRequest, limit: int) -> list[tuple]:
     if not req.versions:
         return []
@@ -168,7 +205,10 @@ def grant(ctx: Context, tx: Tx, req: LeaseRequest) -> LeaseGrant:
                     f"of {ctx.config.trainable}; this node holds "
                     f"{ {p: req.versions.get(p) for p in ctx.config.trainable} }"
                 )
-        if reason is None:
+        if reason is None and round_ is None:
+            room, reason = _buffer_room(ctx, tx)
+            remaining = min(remaining, room)
+        if reason is None and remaining > 0:
             chosen.extend(_training_candidates(ctx, tx, remaining, round_))
     for row in chosen:
         task = load_task(row[2])

@@ -132,6 +132,12 @@ class DataflowConfig(Section):
     port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
     store: Path | None = Field(default=None, description="SQLite file; default run_dir/dataflow.db")
     max_lag: int = Field(default=4, ge=0, description="Admission control: max versions behind")
+    buffer_steps: int = Field(
+        default=2,
+        ge=0,
+        description="Async backpressure: lease no training task while a trainable policy has "
+        "this many optimizer steps of groups buffered or in flight (0 = unbounded)",
+    )
     lease_timeout_s: float = Field(default=120.0, gt=0.0)
     heartbeat_interval_s: float = Field(default=2.0, gt=0.0)
     max_body_mb: float = Field(default=64.0, gt=0.0)

@@ -9,6 +9,7 @@ with the run token, and is announced to the dataflow service, which tells the ro
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +65,29 @@ def serve_trainer(
     if every and recipe.evaluation.at_start and not resume:
         _request_eval(evals, policy, 0)
     try:
-        return run_trainer(recipe, policy, dataflow_url, token, run_dir, publish=publish,
+        version = run_trainer(recipe, policy, dataflow_url, token, run_dir, publish=publish,
                            on_step=on_step, resume=resume)  # fmt: skip
+        # Nodes fetch the final weights from this process to run the final evaluation: keep the
+        # weight server up until this policy's evaluations are done (or give up after a while).
+        _wait_for_evaluations(evals, policy, timeout_s=recipe.dataflow.lease_timeout_s * 2)
+        return version
     finally:
         evals.close()
         stop()
+
+
+def _wait_for_evaluations(client, policy: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            pending = [e for e in client.evaluations(policy) if not e.done]
+        except Exception as exc:  # the service may be gone already: nothing left to serve
+            log.info("not waiting for evaluations: %s", exc)
+            return
+        if not pending:
+            return
+        time.sleep(0.5)
+    log.warning("evaluations of %s still pending after %.0fs; exiting anyway", policy, timeout_s)
 
 
 def _request_eval(client, policy: str, version: int) -> None:

@@ -35,7 +35,8 @@ def make_recipe(tmp_path: Path, **sections: Any) -> Recipe:
         "run": {"name": "t", "output_dir": str(tmp_path / "runs"), "max_steps": 5},
         "policies": {"policy": {"model": "builtin:tiny-arith", "trainer": {"groups_per_step": 2}}},
         "tasks": {"group_size": 4},
-        "dataflow": {"lease_timeout_s": 30.0},
+        # no backpressure unless a test asks for it: tests lease far ahead of any trainer
+        "dataflow": {"lease_timeout_s": 30.0, "buffer_steps": 0},
     }
     for key, value in sections.items():
         if isinstance(value, dict) and isinstance(data.get(key), dict):

@@ -461,3 +461,21 @@ def test_client_reports_unreachable_service():
         pytest.raises(ServiceUnreachable, match="unreachable"),
     ):
         c.status()
+
+
+def test_backpressure_caps_buffered_and_in_flight_groups(tmp_path):
+    """Async mode leases no more training tasks than buffer_steps x groups_per_step allow."""
+    recipe = make_recipe(tmp_path, dataflow={"lease_timeout_s": 30.0, "buffer_steps": 2})
+    with (
+        ThreadedService(recipe, tmp_path / "df.db") as svc,
+        SyncDataflowClient(svc.url, TOKEN, retries=0) as client,
+    ):
+        node = _node(client)
+        grant = client.lease(node_id=node, max_tasks=50, versions={"policy": 0})
+        assert len(grant.leases) == 4  # 2 steps x 2 groups per step
+        again = client.lease(node_id=node, max_tasks=50, versions={"policy": 0})
+        assert again.leases == [] and "backpressure" in again.reason
+        # releasing in-flight work makes room again
+        client.release(node, [grant.leases[0].id])
+        third = client.lease(node_id=node, max_tasks=50, versions={"policy": 0})
+        assert len(third.leases) == 1
