@@ -115,6 +115,12 @@ def test_summarize_policy_from_metrics_records():
     assert res.accuracy_before == 0.1 and res.accuracy_final == 0.6 and res.accuracy_best == 0.6
     assert res.idle_fraction == pytest.approx(1 / 3)
     assert res.extra["staleness_mean"] == 1.0
+    assert "idle_fraction_reported" not in res.extra  # the trainer reported no batch_wait_s
+    for r in records:
+        if r["type"] == "step":
+            r["metrics"] = {"batch_wait_s": 2.5}
+    reported = H.summarize_policy(records, "p", T0).extra["idle_fraction_reported"]
+    assert reported == pytest.approx(10 * 2.5 / 100.0)
     assert H.policies_in(records) == ["p", "q"]
     assert json.loads(json.dumps(res.to_json()))["evals"][1] == {
         "step": 10,
@@ -188,3 +194,58 @@ def test_write_json_serialises_results(tmp_path):
     data = json.loads(out.read_text())
     assert data["run"]["policies"]["policy"]["accuracy_before"] == 0.5
     assert data["path"] == str(tmp_path)
+
+
+def test_missing_final_evals_names_policies_whose_last_step_was_not_evaluated():
+    records = [evaluation("p", 0, 0.1, 1.0), step("p", 1, 10.0), step("p", 2, 20.0)]
+    records += [evaluation("p", 2, 0.3, 25.0), step("q", 1, 5.0), step("q", 2, 15.0)]
+    records += [evaluation("q", 0, 0.1, 1.0), {"type": "eval", "policy": "q", "step": 2}]
+    assert H.missing_final_evals(records) == {"q": (2, T0 + 15.0)}  # no accuracy: not evaluated
+    fixed = records + [H._bench_eval("q", 2, 0.5, T0 + 15.0)]
+    assert H.missing_final_evals(fixed) == {}
+    assert [(e.step, e.t) for e in H.eval_points(fixed, "q", T0)] == [(0, 0.0), (2, 15.0)]
+
+
+def test_censored_spread_ranks_never_reached_above_every_time():
+    assert H.censored_spread([10.0, None, 20.0]).median == 20.0
+    s = H.censored_spread([10.0, None, None])
+    assert s.median is None and s.lo == 10.0 and s.hi is None and s.n == 3
+    assert H.censored_spread([30.0, 10.0]).median == 20.0
+    assert H.censored_spread([]).median is None
+    assert H.censored_spread([10.0, 12.0, None]).text("{:.0f}", "s") == "12s [10–never]"
+
+
+def test_training_finished_waits_for_final_steps_then_evals_or_grace(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+
+    def write(records):
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    done = H.training_finished(path, ["p", "q"], max_steps=2, eval_grace_s=3600.0)
+    assert not done()  # no file yet
+    write([step("p", 1, 1.0), step("p", 2, 2.0), step("q", 1, 1.0)])
+    assert not done()  # q has not finished
+    write([step("p", 1, 1.0), step("p", 2, 2.0), step("q", 1, 1.0), step("q", 2, 2.0)])
+    assert not done()  # final evaluations not in yet, grace not over
+    write(
+        [step("p", 2, 2.0), step("q", 2, 2.0), evaluation("p", 2, 0.3, 3.0)]
+        + [evaluation("q", 2, 0.2, 3.0)]
+    )
+    assert done()
+    impatient = H.training_finished(path, ["p", "q", "r"], max_steps=0, eval_grace_s=-1.0)
+    assert impatient()  # r has no step but max_steps 0 is reached; no grace to wait
+
+
+def test_run_subprocess_stops_a_process_once_finished(tmp_path):
+    marker = tmp_path / "ready"
+    script = f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(120)\n"
+    outcome = H.run_subprocess(
+        [sys.executable, "-c", script],
+        tmp_path / "log.txt",
+        timeout_s=60.0,
+        env=H.child_env(),
+        finished=marker.exists,
+        poll_s=0.1,
+    )
+    assert outcome.stopped_when_finished and not outcome.timed_out
+    assert outcome.wall_s < 30 and outcome.returncode is not None

@@ -127,7 +127,10 @@ def _buffer_room(ctx: Context, tx: Tx) -> tuple[int, str | None]:
         ).fetchall()
     )
     room, tightest = 1 << 30, ""
+    done_steps = state.steps(tx)
     for p in ctx.config.trainable:
+        if done_steps.get(p, 0) >= ctx.config.recipe.run.max_steps:
+            continue  # a finished policy consumes nothing more; it must not hold the others back
         cap = steps * ctx.config.recipe.policies[p].trainer.groups_per_step
         free = cap - ready.get(p, 0) - in_flight
         if free < room:

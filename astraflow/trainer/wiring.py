@@ -67,27 +67,26 @@ def serve_trainer(
     try:
         version = run_trainer(recipe, policy, dataflow_url, token, run_dir, publish=publish,
                            on_step=on_step, resume=resume)  # fmt: skip
-        # Nodes fetch the final weights from this process to run the final evaluation: keep the
-        # weight server up until this policy's evaluations are done (or give up after a while).
-        _wait_for_evaluations(evals, policy, timeout_s=recipe.dataflow.lease_timeout_s * 2)
+        # Nodes fetch this policy's weights from this process, for its final evaluation and for
+        # the other policies' remaining training (a node joining late needs them too): keep the
+        # weight server up until the whole run is done.
+        _wait_for_run_end(evals, policy)
         return version
     finally:
         evals.close()
         stop()
 
 
-def _wait_for_evaluations(client, policy: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def _wait_for_run_end(client, policy: str, poll_s: float = 1.0) -> None:
+    log.info("%s finished training; serving its weights until the run is done", policy)
+    while True:
         try:
-            pending = [e for e in client.evaluations(policy) if not e.done]
-        except Exception as exc:  # the service may be gone already: nothing left to serve
-            log.info("not waiting for evaluations: %s", exc)
+            if client.status().get("done"):
+                return
+        except Exception as exc:  # the service is gone: nobody needs the weights any more
+            log.info("stopping the weight server: %s", exc)
             return
-        if not pending:
-            return
-        time.sleep(0.5)
-    log.warning("evaluations of %s still pending after %.0fs; exiting anyway", policy, timeout_s)
+        time.sleep(poll_s)
 
 
 def _request_eval(client, policy: str, version: int) -> None:

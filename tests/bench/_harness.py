@@ -29,7 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,11 +154,14 @@ class Spread:
     n: int
 
     def text(self, fmt: str = "{:.2f}", unit: str = "") -> str:
+        """``median [lo–hi]``; "-" without a median, "never" for a censored upper end."""
         if self.median is None:
             return "-"
         if self.n <= 1 or self.lo == self.hi:
             return fmt.format(self.median) + unit
-        return f"{fmt.format(self.median)}{unit} [{fmt.format(self.lo)}–{fmt.format(self.hi)}]"
+        lo = "-" if self.lo is None else fmt.format(self.lo)
+        hi = "never" if self.hi is None else fmt.format(self.hi)
+        return f"{fmt.format(self.median)}{unit} [{lo}–{hi}]"
 
 
 def spread(values: Iterable[float | None]) -> Spread:
@@ -167,6 +170,25 @@ def spread(values: Iterable[float | None]) -> Spread:
     if not vals:
         return Spread(None, None, None, 0)
     return Spread(statistics.median(vals), min(vals), max(vals), len(vals))
+
+
+def censored_spread(values: Sequence[float | None]) -> Spread:
+    """Spread of times where None means "never reached": it ranks above every finite time.
+
+    So a system that reaches the threshold in only one of three seeds gets no median (None)
+    instead of the median of its one lucky run.
+    """
+    if not values:
+        return Spread(None, None, None, 0)
+    ranked = sorted(math.inf if v is None else float(v) for v in values)
+    n = len(ranked)
+    mid = ranked[n // 2] if n % 2 else (ranked[n // 2 - 1] + ranked[n // 2]) / 2
+    finite = [v for v in ranked if v != math.inf]
+
+    def clean(v: float) -> float | None:
+        return None if v == math.inf or math.isnan(v) else v
+
+    return Spread(clean(mid), finite[0] if finite else None, clean(ranked[-1]), n)
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -291,6 +313,11 @@ def summarize_policy(
     res.reward_first = mean_reward(steps[:reward_window])
     res.reward_final = mean_reward(steps, last=reward_window)
     res.idle_fraction = idle_fraction(intervals) if intervals else None
+    waits = [(r.get("metrics") or {}).get("batch_wait_s") for r in steps]
+    if steps and all(isinstance(w, (int, float)) for w in waits) and res.train_s:
+        # The trainer's own account (time blocked in the batch pull), as a cross-check of the
+        # store-derived idle fraction above.
+        res.extra["idle_fraction_reported"] = min(1.0, sum(waits) / res.train_s)
     staleness = [r["staleness_mean"] for r in steps if r.get("staleness_mean") is not None]
     if staleness:
         res.extra["staleness_mean"] = statistics.fmean(staleness)
@@ -339,6 +366,46 @@ def read_dataflow_times(db_path: Path) -> DataflowTimes:
     finally:
         conn.close()
     return out
+
+
+#: ``final_eval(run_dir, policy, step) -> accuracy | None`` for a run whose final eval is missing.
+FinalEval = Callable[[Path, str, int], "float | None"]
+
+
+def missing_final_evals(records: Sequence[dict[str, Any]]) -> dict[str, tuple[int, float]]:
+    """policy -> (last step, its time) for each policy whose last step has no evaluation.
+
+    The trainer requests an evaluation of its final version, but the run can end before the
+    rollout nodes have run it; the benchmark then evaluates the final checkpoint itself.
+    """
+    out: dict[str, tuple[int, float]] = {}
+    for policy in policies_in(records):
+        steps = step_records(records, policy)
+        if not steps:
+            continue
+        last = int(steps[-1]["step"])
+        evaluated = {
+            int(r["step"])
+            for r in records
+            if r.get("type") == "eval"
+            and r.get("policy") == policy
+            and r.get("accuracy") is not None
+            and r.get("step") is not None
+        }
+        if last not in evaluated:
+            out[policy] = (last, float(steps[-1].get("time", 0.0)))
+    return out
+
+
+def _bench_eval(policy: str, step: int, accuracy: float, at: float) -> dict[str, Any]:
+    return {
+        "type": "eval",
+        "policy": policy,
+        "step": step,
+        "accuracy": accuracy,
+        "time": at,
+        "source": "bench",
+    }
 
 
 def _log_tail(path: Path, lines: int = 25) -> str:
@@ -396,14 +463,26 @@ class ProcessOutcome:
     wall_s: float
     started: float
     timed_out: bool
+    stopped_when_finished: bool = False
 
 
 def run_subprocess(
-    argv: list[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None
+    argv: list[str],
+    log_path: Path,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    finished: Callable[[], bool] | None = None,
+    poll_s: float = 1.0,
 ) -> ProcessOutcome:
-    """Run ``argv`` in its own process group with output to ``log_path``; never leaves it behind."""
+    """Run ``argv`` in its own process group with output to ``log_path``; never leaves it behind.
+
+    ``finished()`` (polled every ``poll_s``) says the work the benchmark measures is complete;
+    the process is then stopped (SIGTERM, as Ctrl-C would) instead of being waited for, and the
+    outcome says ``stopped_when_finished``.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
+    stopped = False
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             argv,
@@ -416,15 +495,54 @@ def run_subprocess(
         )
         timed_out = False
         try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            deadline = started + timeout_s
+            while proc.poll() is None:
+                if time.time() > deadline:
+                    timed_out = True
+                    break
+                if finished is not None and finished():
+                    stopped = True
+                    break
+                try:
+                    proc.wait(poll_s)
+                except subprocess.TimeoutExpired:
+                    pass
         except BaseException:  # Ctrl-C in the benchmark: stop the run, then re-raise
             stop_process_group(proc)
             raise
         finally:
-            stop_process_group(proc, grace_s=60.0 if timed_out else 5.0)
-    return ProcessOutcome(proc.returncode, time.time() - started, started, timed_out)
+            stop_process_group(proc, grace_s=60.0 if (timed_out or stopped) else 5.0)
+    return ProcessOutcome(proc.returncode, time.time() - started, started, timed_out, stopped)
+
+
+def training_finished(
+    metrics_path: Path, policies: Sequence[str], max_steps: int, eval_grace_s: float
+) -> Callable[[], bool]:
+    """A ``finished()`` for :func:`run_subprocess`: every policy has committed ``max_steps``, and
+    its final evaluation is recorded or ``eval_grace_s`` has passed since training ended.
+
+    Why: the launcher may wait minutes for final evaluations that cannot run (e.g. a rollout node
+    that can no longer fetch the final weights once their trainer has exited); the benchmark
+    measures training, and evaluates a missing final checkpoint itself.
+    """
+    state: dict[str, float] = {}
+
+    def finished() -> bool:
+        records = read_jsonl(metrics_path)
+        last = {p: max((r["step"] for r in step_records(records, p)), default=0) for p in policies}
+        if any(last[p] < max_steps for p in policies):
+            return False
+        state.setdefault("trained_at", time.time())
+        evaluated = all(
+            any(
+                r.get("type") == "eval" and r.get("policy") == p and r.get("step") == last[p]
+                for r in records
+            )
+            for p in policies
+        )
+        return evaluated or time.time() - state["trained_at"] > eval_grace_s
+
+    return finished
 
 
 def run_recipe(
@@ -435,8 +553,15 @@ def run_recipe(
     seed: int,
     workdir: Path,
     timeout_s: float,
+    final_eval: FinalEval | None = None,
+    eval_grace_s: float = 30.0,
 ) -> RunResult:
     """``astraflow train RECIPE --no-live --set ...`` in a subprocess, summarised per policy.
+
+    ``final_eval(run_dir, policy, step)`` supplies the held-out accuracy of the final checkpoint
+    when the run's own final evaluation is missing (see :func:`missing_final_evals`). The run is
+    stopped ``eval_grace_s`` after its last optimizer step if the final evaluations have not
+    come in by then (:func:`training_finished`).
 
     The run goes to a fresh ``workdir/<system>-s<seed>`` output dir (so the run directory name is
     the recipe's). ``timeout_s`` is passed to the launcher (it stops its services itself) and is
@@ -450,7 +575,16 @@ def run_recipe(
     for s in sets:
         argv += ["--set", s]
     log_path = workdir / f"{system}-s{seed}.log"
-    outcome = run_subprocess(argv, log_path, timeout_s + 120.0)
+    from astraflow.recipe import load_recipe
+
+    resolved = load_recipe(recipe, sets)
+    finished = training_finished(
+        resolved.run.run_dir / "metrics.jsonl",
+        resolved.trainable_policies(),
+        resolved.run.max_steps,
+        eval_grace_s,
+    )
+    outcome = run_subprocess(argv, log_path, timeout_s + 120.0, finished=finished)
     run_dirs = sorted(p.parent for p in output_dir.glob("*/recipe.toml"))
     run_dir = run_dirs[0] if run_dirs else None
     result = RunResult(system, seed, ok=False, wall_s=outcome.wall_s)
@@ -458,6 +592,8 @@ def run_recipe(
     problems = []
     if outcome.timed_out:
         problems.append(f"killed after {timeout_s + 120:.0f}s")
+    elif outcome.stopped_when_finished:
+        pass  # stopped by the benchmark once training (and the final evals, or their grace) ended
     elif outcome.returncode != 0:
         problems.append(f"`astraflow train` exited with status {outcome.returncode}")
     if run_dir is None:
@@ -471,9 +607,19 @@ def run_recipe(
         t0 = min((float(r["time"]) for r in records if "time" in r), default=outcome.started)
     result.startup_s = t0 - outcome.started
     result.t0 = t0
+    missing = missing_final_evals(records)
+    added: set[str] = set()
+    if final_eval is not None:
+        for policy, (last_step, last_time) in missing.items():
+            acc = final_eval(run_dir, policy, last_step)
+            if acc is not None:
+                records.append(_bench_eval(policy, last_step, acc, last_time))
+                added.add(policy)
     for policy in policies_in(records):
         res = summarize_policy(records, policy, t0, times.batches.get(policy, []))
         res.extra["episodes"] = times.train_episodes
+        if policy in missing:
+            res.extra["final_eval"] = "by the bench" if policy in added else "missing"
         result.policies[policy] = res
     if not any(p.steps for p in result.policies.values()):
         problems.append("no training step recorded in metrics.jsonl")
@@ -485,6 +631,109 @@ def run_recipe(
         result.error = "; ".join(problems) + "\n" + tail
     result.ok = not problems
     return result
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def greedy_accuracy(model, tokenizer, problems, max_tokens: int, score) -> float:
+    """Greedy held-out accuracy: chat-template prompts, ``max_tokens`` new tokens, env scoring.
+
+    The same decoding as AstraFlow's evaluation tasks (greedy, the policy's ``max_tokens``, the
+    tiny model's chat template, special tokens skipped when decoding) and the same reward.
+    """
+    import torch
+
+    prompts = []
+    for p in problems:
+        enc = tokenizer.apply_chat_template(
+            [{"role": "user", "content": p["question"]}], tokenize=True, add_generation_prompt=True
+        )
+        prompts.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
+    was_training = model.training
+    model.eval()
+    correct = 0.0
+    with torch.no_grad():
+        for start in range(0, len(prompts), 150):
+            chunk = prompts[start : start + 150]
+            width = max(len(p) for p in chunk)
+            ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for i, p in enumerate(chunk):
+                ids[i, width - len(p) :] = torch.tensor(p)
+                mask[i, width - len(p) :] = 1
+            gen = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=max_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+            texts = tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True)
+            for p, text in zip(problems[start : start + 150], texts, strict=True):
+                correct += score(p["question"], p["answer"], text)
+    if was_training:
+        model.train()
+    return correct / len(problems)
+
+
+def env_scorer(env_id: str, env_kwargs: dict[str, Any]):
+    """``score(question, answer, text)``: the recipe env's reward for ``text`` (Math env)."""
+    from envs.registry import make_env
+
+    env = make_env(env_id, **env_kwargs)
+
+    def score(question: str, answer: str, text: str) -> float:
+        env.reset(options={"task": {"question": question, "answer": answer}})
+        _, reward, *_ = env.step(text)
+        return float(reward)
+
+    return score
+
+
+def checkpoint_accuracy(settings: dict[str, Any], seed: int, policies: Iterable[str] | None = None):
+    """A :data:`FinalEval` that evaluates ``run_dir/checkpoints/POLICY/checkpoint-STEP`` greedily
+    on the same held-out problems as the runs' own evaluations (single-answer math policies).
+
+    ``settings``: env, env_kwargs, task_set, eval_split, eval_tasks, max_tokens. ``policies``
+    limits it to the policies whose held-out metric is exactly that (e.g. a solver, not a
+    verifier); others return None and stay marked as missing.
+    """
+    allowed = None if policies is None else set(policies)
+
+    def final_eval(run_dir: Path, policy: str, step: int) -> float | None:
+        if allowed is not None and policy not in allowed:
+            return None
+        import torch
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        from astraflow.models import load_tokenizer
+
+        hf_logging.disable_progress_bar()  # keep the benchmark's own output readable
+        from tasks.catalog import load_task_set
+
+        ckpt = Path(run_dir) / "checkpoints" / policy / f"checkpoint-{step}"
+        if not (ckpt / "config.json").exists():
+            console.print(f"[yellow]no checkpoint at {ckpt}: final accuracy left out[/]")
+            return None
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+            tokenizer = load_tokenizer(ckpt)
+            tokenizer.padding_side = "left"
+            problems = load_task_set(
+                settings["task_set"], settings["eval_split"], seed=seed,
+                limit=settings["eval_tasks"],
+            )  # fmt: skip
+            score = env_scorer(settings["env"], settings["env_kwargs"])
+            return greedy_accuracy(model, tokenizer, problems, settings["max_tokens"], score)
+        finally:
+            torch.set_num_threads(threads)
+
+    return final_eval
 
 
 # ----------------------------------------------------------------------------- output

@@ -45,7 +45,7 @@ NOTES = [
 
 def run_mode(
     mode: str, seed: int, steps: int, eval_every: int, eval_tasks: int, workdir: Path,
-    timeout_s: float,
+    timeout_s: float, final_eval: H.FinalEval | None = None,
 ) -> H.RunResult:  # fmt: skip
     overrides = [
         f"run.max_steps={steps}",
@@ -56,8 +56,26 @@ def run_mode(
         "logging.report=false",
     ]
     return H.run_recipe(
-        RECIPE, overrides, system=mode, seed=seed, workdir=workdir, timeout_s=timeout_s
-    )
+        RECIPE, overrides, system=mode, seed=seed, workdir=workdir, timeout_s=timeout_s,
+        final_eval=final_eval,
+    )  # fmt: skip
+
+
+def solver_final_eval(recipe, seed: int, eval_tasks: int) -> H.FinalEval:
+    """Final held-out accuracy of the solver checkpoint when the run's own final evaluation did
+    not complete: the solver's metric is its answer's correctness, i.e. greedy arithmetic accuracy
+    with the solver's ``max_tokens``. The verifier's metric needs the solver's answers and is left
+    marked as missing."""
+    solver = recipe.workflow.roles.get("solver", "solver")
+    settings = {
+        "env": recipe.tasks.env,
+        "env_kwargs": recipe.tasks.env_kwargs,
+        "task_set": recipe.evaluation.task_set or recipe.tasks.sets[0].name,
+        "eval_split": recipe.evaluation.split,
+        "eval_tasks": eval_tasks,
+        "max_tokens": recipe.evaluation.max_tokens or recipe.policies[solver].sampling.max_tokens,
+    }
+    return H.checkpoint_accuracy(settings, seed, policies=[solver])
 
 
 def train_seconds(run: H.RunResult) -> float | None:
@@ -85,7 +103,10 @@ def analyse(runs: dict[str, H.RunResult]) -> dict[str, Any]:
                     "accuracy_before": p.accuracy_before,
                     "accuracy_final": p.accuracy_final,
                     "idle_fraction": p.idle_fraction,
+                    "idle_fraction_reported": p.extra.get("idle_fraction_reported"),
                     "staleness_mean": p.extra.get("staleness_mean"),
+                    "final_eval_step": p.evals[-1].step if p.evals else None,
+                    "final_eval": p.extra.get("final_eval", "by the run"),
                 }
                 for name, p in sorted(run.policies.items())
             },
@@ -114,7 +135,7 @@ def print_report(summary: dict[str, Any], runs: dict[str, H.RunResult]) -> None:
                     H.fmt(p["samples_per_s"], "{:.1f}"),
                     f"{H.fmt(p['reward_first'], '{:.3f}')} → {H.fmt(p['reward_final'], '{:.3f}')}",
                     f"{H.fmt(p['accuracy_before'], '{:.3f}')} → "
-                    f"{H.fmt(p['accuracy_final'], '{:.3f}')}",
+                    f"{H.fmt(p['accuracy_final'], '{:.3f}')}{_eval_mark(p)}",
                     H.fmt(p["idle_fraction"], "{:.2f}"),
                     H.fmt(p["staleness_mean"], "{:.2f}"),
                 ]
@@ -142,11 +163,24 @@ def print_report(summary: dict[str, Any], runs: dict[str, H.RunResult]) -> None:
         f"[bold]{H.fmt(summary['speedup_sync_over_async'], '{:.2f}', 'x')}[/] (target >= 1.6x); "
         f"total wall incl. start-up: {H.fmt(summary['speedup_total_wall'], '{:.2f}', 'x')}"
     )
+    H.console.print(
+        "held-out acc marks: * = the run's own final evaluation did not complete and the bench "
+        "evaluated the final checkpoint (same problems, greedy, Math env scoring); "
+        "@k = last evaluation that completed was at step k."
+    )
     for mode, run in runs.items():
         if not run.ok:
             H.console.print(f"[red]{mode} run failed:[/] {run.error}")
     for note in NOTES:
         H.console.print(f"[dim]- {note}[/]")
+
+
+def _eval_mark(p: dict[str, Any]) -> str:
+    if p["final_eval"] == "by the bench":
+        return "*"
+    if p["final_eval"] == "missing":
+        return f" @{p['final_eval_step']}"
+    return ""
 
 
 def plot(runs: dict[str, H.RunResult], path: Path) -> Path | None:
@@ -219,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     from astraflow.recipe import load_recipe
 
     recipe = load_recipe(RECIPE)
-    steps = ns.steps or (6 if ns.quick else recipe.run.max_steps)
-    eval_every = ns.eval_every or (3 if ns.quick else 10)
+    steps = ns.steps or (12 if ns.quick else recipe.run.max_steps)
+    eval_every = ns.eval_every or (6 if ns.quick else 10)
     eval_tasks = ns.eval_tasks or (50 if ns.quick else recipe.evaluation.num_tasks)
     timeout = ns.timeout or (300.0 if ns.quick else 1800.0)
     workdir = ns.workdir or (
@@ -235,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         label = f"{mode} mode, seed {ns.seed}, {steps} steps per policy"
         with H.console.status(f"running {label}…"):
             started = time.time()
-            runs[mode] = run_mode(mode, ns.seed, steps, eval_every, eval_tasks, workdir, timeout)
+            runs[mode] = run_mode(
+                mode, ns.seed, steps, eval_every, eval_tasks, workdir, timeout,
+                solver_final_eval(recipe, ns.seed, eval_tasks),
+            )  # fmt: skip
         status = "[green]ok[/]" if runs[mode].ok else "[red]failed[/]"
         H.console.print(f"{status} {label}: {time.time() - started:.0f}s")
     summary = analyse(runs)

@@ -44,8 +44,10 @@ SYSTEMS = ("trl", "astraflow_async", "astraflow_sync")
 
 NOTES = [
     "Why not 2x: with generation and training perfectly overlapped, a pipeline can at best hide the "
-    "shorter of the two phases, so the bound over a serial generate-then-train loop is 2x when both "
-    "take equal time. On a 2-core machine the overlap itself is not free: the rollout node and the "
+    "shorter of the two phases, so the bound over a serial generate-then-train loop is 2x only when "
+    "both take equal time; with TRL's measured generation share g it is 1 / (1 - g) (printed as the "
+    "overlap bound), and it needs the overlapped trainer to be as fast per step as TRL's training "
+    "phase. On a 2-core machine the overlap itself is not free: the rollout node and the "
     "trainer each get one core instead of TRL's two, so each phase runs slower than when it has the "
     "machine to itself; the held-out evaluation, weight publication (safetensors + sparse delta) and "
     "weight loading on the node, HTTP/msgpack transfer and the dataflow service's SQLite writes all "
@@ -110,7 +112,6 @@ def trl_worker(ns: argparse.Namespace) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from astraflow.models import load_tokenizer, resolve_model
-    from envs.registry import make_env
     from tasks.catalog import load_task_set
 
     cfg = json.loads(ns.settings)
@@ -132,13 +133,7 @@ def trl_worker(ns: argparse.Namespace) -> None:
     tokenizer = load_tokenizer(path)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    env = make_env(cfg["env"], **cfg["env_kwargs"])  # the recipe's env: astraflow/Math-v0
-
-    def score(question: str, answer: str, text: str) -> float:
-        """The Math env's reward for ``text`` as the answer to ``question``."""
-        env.reset(options={"task": {"question": question, "answer": answer}})
-        _, reward, *_ = env.step(text)
-        return float(reward)
+    score = H.env_scorer(cfg["env"], cfg["env_kwargs"])  # the recipe env: astraflow/Math-v0
 
     def math_env_reward(prompts, completions, answer, **_: Any) -> list[float]:
         rewards = []
@@ -148,44 +143,8 @@ def trl_worker(ns: argparse.Namespace) -> None:
             rewards.append(score(question, gold, text))
         return rewards
 
-    prompt_ids = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": p["question"]}], tokenize=True, add_generation_prompt=True
-        )
-        for p in held_out
-    ]
-    prompt_ids = [
-        p["input_ids"] if isinstance(p, dict) or hasattr(p, "keys") else p for p in prompt_ids
-    ]
-
-    @torch.no_grad()
     def evaluate(m) -> float:
-        """Greedy accuracy on the held-out problems (the same scoring as the rewards)."""
-        was_training = m.training
-        m.eval()
-        correct = 0.0
-        for start in range(0, len(prompt_ids), 150):
-            chunk = prompt_ids[start : start + 150]
-            width = max(len(p) for p in chunk)
-            ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for i, p in enumerate(chunk):
-                ids[i, width - len(p) :] = torch.tensor(p)
-                mask[i, width - len(p) :] = 1
-            gen = m.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                do_sample=False,
-                max_new_tokens=cfg["max_tokens"],
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-            texts = tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True)
-            for p, text in zip(held_out[start : start + 150], texts, strict=True):
-                correct += score(p["question"], p["answer"], text)
-        if was_training:
-            m.train()
-        return correct / len(held_out)
+        return H.greedy_accuracy(m, tokenizer, held_out, cfg["max_tokens"], score)
 
     state: dict[str, Any] = {"eval_s": 0.0, "generate_s": 0.0, "train_begin": None}
 
@@ -262,6 +221,8 @@ def trl_worker(ns: argparse.Namespace) -> None:
         shuffle_dataset=False,
         disable_dropout=True,
         use_cpu=True,
+        bf16=False,  # TRL defaults to bf16 autocast; AstraFlow's CPU trainer is float32
+        fp16=False,
         report_to=[],
         logging_steps=1,
         save_strategy="no",
@@ -346,7 +307,7 @@ def run_trl(
 
 def run_astraflow(
     mode: str, seed: int, steps: int, eval_every: int, eval_tasks: int, workdir: Path,
-    timeout_s: float, extra: list[str] | None = None,
+    timeout_s: float, extra: list[str] | None = None, final_eval: H.FinalEval | None = None,
 ) -> H.RunResult:  # fmt: skip
     overrides = [
         f"run.max_steps={steps}",
@@ -364,6 +325,7 @@ def run_astraflow(
         seed=seed,
         workdir=workdir,
         timeout_s=timeout_s,
+        final_eval=final_eval,
     )
 
 
@@ -401,10 +363,15 @@ def analyse(runs: list[H.RunResult], threshold_arg: float | None) -> dict[str, A
             "accuracy_before": H.spread_json(H.spread(p.accuracy_before for p in ps)),
             "accuracy_final": H.spread_json(H.spread(p.accuracy_final for p in ps)),
             "accuracy_best": H.spread_json(H.spread(p.accuracy_best for p in ps)),
-            "time_to_acc_s": H.spread_json(H.spread(tta)),
+            "time_to_acc_s": H.spread_json(H.censored_spread(tta)),
             "time_to_acc_reached": sum(t is not None for t in tta),
             "trainer_idle_fraction": H.spread_json(H.spread(p.idle_fraction for p in ps)),
+            "trainer_idle_fraction_reported": H.spread_json(
+                H.spread(p.extra.get("idle_fraction_reported") for p in ps)
+            ),
             "episodes": H.spread_json(H.spread(p.extra.get("episodes") for p in ps)),
+            "final_eval_by_bench": sum(p.extra.get("final_eval") == "by the bench" for p in ps),
+            "final_eval_missing": sum(p.extra.get("final_eval") == "missing" for p in ps),
         }
     tta_med = {s: systems[s]["time_to_acc_s"]["median"] for s in systems}
     return {
@@ -417,11 +384,19 @@ def analyse(runs: list[H.RunResult], threshold_arg: float | None) -> dict[str, A
         "speedup_async_over_sync": H.ratio(
             tta_med.get("astraflow_sync"), tta_med.get("astraflow_async")
         ),
+        # Amdahl bound of overlapping generation with training, from TRL's own phase split:
+        # hiding TRL's generation share g completely speeds a step up by at most 1 / (1 - g).
+        "overlap_bound_vs_trl": _overlap_bound(systems.get("trl", {})),
         "speedup_samples_per_s": H.ratio(
             systems.get("astraflow_async", {}).get("samples_per_s", {}).get("median"),
             systems.get("trl", {}).get("samples_per_s", {}).get("median"),
         ),
     }
+
+
+def _overlap_bound(trl: dict[str, Any]) -> float | None:
+    share = (trl.get("trainer_idle_fraction") or {}).get("median")
+    return None if share is None or share >= 1 else 1.0 / (1.0 - share)
 
 
 def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
@@ -472,9 +447,24 @@ def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
         f"sync / async: {H.fmt(summary['speedup_async_over_sync'], '{:.2f}', 'x')}"
     )
     H.console.print(
+        "overlap bound: TRL spends "
+        f"{H.fmt(summary['systems'].get('trl', {}).get('trainer_idle_fraction', {}).get('median'), '{:.0%}')}"
+        " of its training time generating, so a pipeline that hid all of it with an equally fast "
+        f"trainer would be {H.fmt(summary['overlap_bound_vs_trl'], '{:.2f}', 'x')} faster "
+        "(the 2x bound needs generation = 50% of the step)"
+    )
+    H.console.print(
         "trainer idle: AstraFlow = share of the training window the trainer waited for a batch; "
         "TRL = share of training time spent generating and scoring (not optimizing)."
     )
+    for s, d in summary["systems"].items():
+        if d["final_eval_by_bench"] or d["final_eval_missing"]:
+            H.console.print(
+                f"[yellow]{s}: the run's own evaluation of its final step did not complete in "
+                f"{d['final_eval_by_bench'] + d['final_eval_missing']} of {d['runs']} run(s); the "
+                f"bench evaluated the final checkpoint itself in {d['final_eval_by_bench']} "
+                "(same greedy decoding, problems and scoring)[/]"
+            )
     for r in runs:
         if not r.ok:
             H.console.print(f"[red]{r.system} seed {r.seed} failed:[/] {r.error}")
@@ -551,8 +541,9 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         mode = system.removeprefix("astraflow_")
                         r = run_astraflow(
-                            mode, seed, steps, eval_every, eval_tasks, workdir, timeout
-                        )
+                            mode, seed, steps, eval_every, eval_tasks, workdir, timeout,
+                            ns.af_set, H.checkpoint_accuracy(settings, seed),
+                        )  # fmt: skip
                 runs.append(r)
                 pol = r.policies.get("policy")
                 status = "[green]ok[/]" if r.ok else "[red]failed[/]"
