@@ -3,4 +3,12 @@
 from envs.base import TaskError, TextEnv
 from envs.registry import EnvRegistry, EnvSpec, UnknownEnvError, default_registry, make_env
 
-__all__ = ["TaskError", "TextEnv", "EnvRegistry", "EnvSpec", "UnknownEnvError", "default_registry", "make_env"]
+__all__ = [
+    "TaskError",
+    "TextEnv",
+    "EnvRegistry",
+    "EnvSpec",
+    "UnknownEnvError",
+    "default_registry",
+    "make_env",
+]

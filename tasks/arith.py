@@ -29,8 +29,9 @@ def problem(rng: random.Random, level: int) -> dict[str, Any]:
     return {"question": f"{a}{op}{b}", "answer": str(answer), "level": level}
 
 
-def generate(split: str = "train", seed: int = 0, size: int | None = None, level: int = 2,
-             **_: Any) -> list[dict[str, Any]]:
+def generate(
+    split: str = "train", seed: int = 0, size: int | None = None, level: int = 2, **_: Any
+) -> list[dict[str, Any]]:
     """Deterministic problems for ``split``; ``seed`` shifts the train stream, never the test set."""
     if level not in LEVELS:
         raise ValueError(f"arith level must be one of {sorted(LEVELS)}, got {level}")
