@@ -188,6 +188,9 @@ class DataflowService:
                     f"{sorted(self.config.recipe.policies)}",
                     "policy",
                 )
+            # The trainer owns its policy's version stream: one that restarted from an older
+            # checkpoint announces that version again, and the versions after it no longer exist.
+            tx.execute("DELETE FROM versions WHERE policy=? AND version>?", (wv.policy, wv.version))
             tx.execute(
                 "INSERT OR REPLACE INTO versions(policy, version, body, created_at) "
                 "VALUES(?,?,?,?)",

@@ -51,6 +51,8 @@ def serve_trainer(
     every = recipe.evaluation.every_steps
 
     def publish(version: int, state: dict[str, Any]):
+        # versions after this one belong to a run that was interrupted before checkpointing them
+        store.discard_from(policy, version + 1)
         written = store.publish(policy, version, state)
         store.gc(policy, keep)
         return written
