@@ -22,7 +22,26 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return records
 
 
+def _throughput(records: list[dict], window: int = 10) -> dict[str, tuple[list, list]]:
+    """Trained samples per second over a sliding window of steps, from the step records' times."""
+    out: dict[str, tuple[list, list]] = defaultdict(lambda: ([], []))
+    by_policy: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        if r.get("type") == "step" and "time" in r:
+            by_policy[r.get("policy", "policy")].append(r)
+    for policy, recs in by_policy.items():
+        for i in range(window, len(recs)):
+            span = recs[i]["time"] - recs[i - window]["time"]
+            if span > 0:
+                n = sum(int(r.get("samples", 0)) for r in recs[i - window + 1 : i + 1])
+                out[policy][0].append(recs[i].get("step", i))
+                out[policy][1].append(n / span)
+    return dict(out)
+
+
 def _series(records: list[dict], kind: str, key: str) -> dict[str, tuple[list, list]]:
+    if key == "samples_per_s":
+        return _throughput(records)
     out: dict[str, tuple[list, list]] = defaultdict(lambda: ([], []))
     for r in records:
         if r.get("type") != kind:
