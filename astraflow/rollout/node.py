@@ -313,6 +313,7 @@ class RolloutNode:
                 update = await asyncio.to_thread(
                     self.weight_fetcher, name, self.locations[name], have, want
                 )
+                fetched = time.perf_counter()
                 try:
                     await served.engine.load_weights(update)
                 except Exception as exc:
@@ -334,13 +335,16 @@ class RolloutNode:
                             f"engine for {name} failed to load version {want}: {exc}"
                         ) from exc
                 self.stats.weight_updates += 1
+                done = time.perf_counter()
                 log.info(
-                    "policy %s: v%d -> v%d (%s) in %.2fs",
+                    "policy %s: v%d -> v%d (%s) in %.2fs (fetch %.3fs, load %.3fs)",
                     name,
                     have,
                     want,
                     "delta" if getattr(update, "delta", None) is not None else "full",
-                    time.perf_counter() - t0,
+                    done - t0,
+                    fetched - t0,
+                    done - fetched,
                 )
 
     # ---------------------------------------------------------------- leasing

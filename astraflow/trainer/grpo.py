@@ -276,9 +276,11 @@ class AstraGRPOTrainer(GRPOTrainer):
         with torch.no_grad(), no_checkpointing:
             proximal = None
             if self.vllm_importance_sampling_correction or any_missing:
+                forward_started = time.perf_counter()
                 proximal, _, _ = self._get_per_token_logps_and_entropies(
                     self.model, input_ids, attention_mask, logits_to_keep, batch_size=chunk
                 )
+                metrics["time/proximal_logps_s"].append(time.perf_counter() - forward_started)
                 # A token the engine could not score gets ratio 1 (no correction), as in TRL.
                 behaviour = torch.where(missing, proximal, behaviour)
             metrics["sampling/missing_behaviour_logps"].append(float(missing.sum()))
@@ -410,14 +412,17 @@ class AstraGRPOTrainer(GRPOTrainer):
         self._committed_step = version
         last = version >= self.state.max_steps
         published = False
+        publish_started = time.perf_counter()
         if version % self.publish_every == 0 or last:
             published = self._publish(version)
+        publish_s = time.perf_counter() - publish_started
         metrics = {
             k: float(v)
             for k, v in self._last_logs.items()
             if isinstance(v, (int, float)) and v is not None and math.isfinite(float(v))
         }
         metrics["wall_time_s"] = time.perf_counter() - started
+        metrics["time/publish_s"] = publish_s
         for reason, count in collated.skipped.items():
             metrics[f"skipped/{reason}"] = float(count)
         if self.accelerator.is_main_process:

@@ -111,7 +111,7 @@ class WeightClient:
         target = int(want["version"])
         if have_version == target and (have_digest is None or have_digest == want["digest"]):
             return None
-        chain = self._delta_chain(policy, have_version, have_digest, target)
+        chain = self._delta_chain(policy, have_version, have_digest, target, want)
         if chain is not None:
             return WeightUpdate(
                 version=target, delta=chain, parent=have_version, digest=want["digest"]
@@ -142,16 +142,24 @@ class WeightClient:
         return state
 
     def _delta_chain(
-        self, policy: str, have: int | None, have_digest: str | None, target: int
+        self,
+        policy: str,
+        have: int | None,
+        have_digest: str | None,
+        target: int,
+        target_meta: dict[str, Any] | None = None,
     ) -> DeltaChain | None:
         if have is None or not 0 < target - have <= self.max_chain:
             return None
         metas = []
         for v in range(have + 1, target + 1):
-            try:
-                m = self.meta(policy, v)
-            except WeightStoreError:
-                return None  # garbage-collected: fall back to the snapshot
+            if v == target and target_meta is not None:
+                m = target_meta  # just read by the caller: one round trip fewer
+            else:
+                try:
+                    m = self.meta(policy, v)
+                except WeightStoreError:
+                    return None  # garbage-collected: fall back to the snapshot
             if m.get("parent") != v - 1 or not m.get("delta_sha256"):
                 return None
             metas.append(m)

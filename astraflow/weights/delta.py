@@ -138,17 +138,24 @@ class SparseDelta:
         )
 
     # ----------------------------------------------------------------- application
-    def apply_(self, tensors: MutableMapping[str, Any], verify: bool = True) -> None:
+    def apply_(
+        self,
+        tensors: MutableMapping[str, Any],
+        verify: bool = True,
+        parent_digest: str | None = None,
+    ) -> None:
         """Apply in place to ``tensors`` (CPU or GPU); checks the parent and result digests.
 
         Raises :class:`DeltaError` when the state is not this delta's parent (nothing is changed
         then) or, after applying, when the result's digest is not :attr:`digest` (the state is then
-        unusable and must be replaced by a full snapshot).
+        unusable and must be replaced by a full snapshot). ``parent_digest`` is the digest of
+        ``tensors`` when the caller already knows it (the result of its previous verified apply):
+        it stands in for re-hashing the whole state before applying.
         """
         import torch
 
         if verify:
-            have = state_digest(tensors)
+            have = parent_digest or state_digest(tensors)
             if have != self.parent_digest:
                 raise DeltaError(
                     f"delta applies to state {self.parent_digest[:19]}…, but the tensors are "
@@ -363,10 +370,16 @@ class DeltaChain:
     def nbytes(self) -> int:
         return sum(d.nbytes for d in self.deltas)
 
-    def apply_(self, tensors: MutableMapping[str, Any], verify: bool = True) -> None:
-        """Apply every delta in order; digests are checked once at each end of the chain."""
+    def apply_(
+        self,
+        tensors: MutableMapping[str, Any],
+        verify: bool = True,
+        parent_digest: str | None = None,
+    ) -> None:
+        """Apply every delta in order; digests are checked once at each end of the chain
+        (``parent_digest`` as in :meth:`SparseDelta.apply_`)."""
         if verify:
-            have = state_digest(tensors)
+            have = parent_digest or state_digest(tensors)
             if have != self.parent_digest:
                 raise DeltaError(
                     f"delta chain applies to {self.parent_digest[:19]}…, the tensors are {have[:19]}…"

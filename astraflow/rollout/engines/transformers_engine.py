@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,7 @@ class _Update:
     update: WeightUpdate
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
+    queued_at: float = field(default_factory=time.perf_counter)
 
 
 def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result=None, error=None):
@@ -160,6 +162,8 @@ class TransformersEngine:
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else (sorted(self.eos_token_ids) or [0])[0])
         self._state = dict(self.model.state_dict())
+        #: digest of ``_state`` as the last verified delta left it; None when unknown
+        self._state_digest: str | None = None
         self._runner = CausalLMRunner(self.model)
         # Joining a running batch left-pads KV caches; sliding-window caches cannot be padded that
         # way, so such models only start a new batch when the previous one has drained.
@@ -308,13 +312,21 @@ class TransformersEngine:
         return taken
 
     def _apply_update(self, item: _Update) -> None:
+        started = time.perf_counter()
         try:
             check_update(item.update, self.version)
-            apply_update_(self._state, item.update)
+            digest, self._state_digest = self._state_digest, None  # unknown until it succeeds
+            self._state_digest = apply_update_(self._state, item.update, digest)
         except Exception as exc:  # noqa: BLE001 - reported to the caller of load_weights
             _resolve(item.loop, item.future, error=exc)
             return
         self.version = item.update.version
+        log.debug(
+            "v%d: waited %.3fs for running rows to drain, applied in %.3fs",
+            self.version,
+            started - item.queued_at,
+            time.perf_counter() - started,
+        )
         _resolve(item.loop, item.future, None)
 
     def _admit(self, requests: list[_Request]) -> None:

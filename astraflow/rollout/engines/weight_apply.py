@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from astraflow.rollout.engines.base import WeightUpdate
+from astraflow.weights.delta import DeltaChain, SparseDelta
 
 
 class WeightUpdateError(ValueError):
@@ -41,11 +42,22 @@ def check_update(update: WeightUpdate, current_version: int) -> None:
             )
 
 
-def apply_update_(state: Mapping[str, torch.Tensor], update: WeightUpdate) -> None:
-    """Write ``update`` into the tensors of ``state`` in place (call :func:`check_update` first)."""
+def apply_update_(
+    state: Mapping[str, torch.Tensor], update: WeightUpdate, state_digest: str | None = None
+) -> str | None:
+    """Write ``update`` into the tensors of ``state`` in place (call :func:`check_update` first).
+
+    ``state_digest`` is the digest of ``state`` as this function last returned it (None when
+    unknown). Returns the digest of the state after the update when the update verified it (an
+    astraflow delta checks its result), else None. Passing it back on the next call spares
+    re-hashing the whole state before the next delta; the delta's result check still runs.
+    """
     if update.delta is not None:
-        update.delta.apply_(state)
-        return
+        if state_digest is not None and isinstance(update.delta, (SparseDelta, DeltaChain)):
+            update.delta.apply_(state, parent_digest=state_digest)
+        else:
+            update.delta.apply_(state)
+        return update.delta.digest if isinstance(update.delta, (SparseDelta, DeltaChain)) else None
     full: Mapping[str, Any] = update.full or {}
     unknown = sorted(set(full) - set(state))
     if unknown:
@@ -77,3 +89,4 @@ def apply_update_(state: Mapping[str, torch.Tensor], update: WeightUpdate) -> No
         for name, value in full.items():
             source = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
             state[name].copy_(source)
+    return None  # a copy may cast dtypes: the state's digest is not known without hashing it
