@@ -19,9 +19,11 @@ def extract_code(action: str) -> str | None:
 
 def defines(code: str, name: str) -> bool:
     """True when ``code`` parses and defines ``name`` at top level (function, class or assignment)."""
+    from envs.code.harness import parse_python
+
     try:
-        tree = ast.parse(code)
-    except SyntaxError:
+        tree = parse_python(code)
+    except (SyntaxError, ValueError):
         return False
     for node in tree.body:
         if (

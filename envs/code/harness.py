@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import json
 import secrets
+import threading
 import warnings
 from dataclasses import dataclass, field
 
@@ -46,8 +47,14 @@ def _has_real_assert(node: ast.AST) -> bool:
     return False
 
 
-def _parse(source: str) -> ast.Module:
-    with warnings.catch_warnings():
+#: CPython 3.11's ``ast.parse`` is not thread-safe (its recursion-depth bookkeeping raises
+#: "SystemError: AST constructor recursion depth mismatch" under concurrent calls), and neither is
+#: ``warnings.catch_warnings``; envs are created from many threads, so parsing is serialized.
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_python(source: str) -> ast.Module:
+    with _PARSE_LOCK, warnings.catch_warnings():
         warnings.simplefilter("ignore", (SyntaxWarning, DeprecationWarning))
         return ast.parse(source)
 
@@ -62,13 +69,13 @@ def plan_tests(tests: str | list[str]) -> TestPlan:
         steps = []
         for i, src in enumerate(tests):
             try:
-                tree = _parse(src)
+                tree = parse_python(src)
             except SyntaxError as exc:
                 raise ValueError(f"tests[{i}] is not valid Python: {exc}") from exc
             steps.append(Step(src, _has_real_assert(tree)))
         return TestPlan("", tuple(steps))
     try:
-        module = _parse(tests)
+        module = parse_python(tests)
     except SyntaxError as exc:
         raise ValueError(f"task tests are not valid Python: {exc}") from exc
     check = next(
