@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 
 from envs.code.sandbox.base import (
     SANDBOX_WORKDIR,
@@ -26,7 +25,7 @@ from envs.code.sandbox.base import (
     prepare_files,
     to_bytes,
 )
-from envs.code.sandbox.local import NOBODY, run_local
+from envs.code.sandbox.local import NOBODY, populate_workdir, run_local
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 ETC_FILES = (
@@ -148,14 +147,7 @@ class BwrapSandbox(Sandbox):
         workdir = tempfile.mkdtemp(prefix="astraflow-bwrap-")
         user = NOBODY if self.drop_to_nobody else None
         try:
-            for name, content in payload.items():
-                path = Path(workdir, name)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(content)
-            if user:
-                for root, dirs, names in os.walk(workdir):
-                    for entry in [root, *(os.path.join(root, n) for n in dirs + names)]:
-                        os.chown(entry, *user)
+            populate_workdir(workdir, payload, user)
             try:
                 result = run_local(
                     self.argv(workdir, argv),

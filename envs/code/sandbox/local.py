@@ -14,7 +14,8 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import psutil
 
@@ -195,3 +196,18 @@ def run_local(
         stderr_truncated=err.truncated,
         details={"cgroup": cgroup is not None, "uid": user[0] if user else os.getuid()},
     )
+
+
+def populate_workdir(
+    workdir: str, payload: Mapping[str, bytes], owner: tuple[int, int] | None
+) -> None:
+    """Write a run's files into its work dir and hand them to the sandbox user, so code that runs
+    as ``nobody`` can read and rewrite its own files (and nothing else of the host's)."""
+    for name, content in payload.items():
+        path = Path(workdir, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    if owner:
+        for root, dirs, names in os.walk(workdir):
+            for entry in [root, *(os.path.join(root, n) for n in dirs + names)]:
+                os.chown(entry, *owner)

@@ -13,10 +13,9 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 
 from envs.code.sandbox.base import Limits, RunResult, Sandbox, prepare_files, to_bytes
-from envs.code.sandbox.local import NOBODY, run_local
+from envs.code.sandbox.local import NOBODY, populate_workdir, run_local
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -56,14 +55,7 @@ class ProcessSandbox(Sandbox):
         workdir = tempfile.mkdtemp(prefix="astraflow-sbx-")
         user = NOBODY if self.drop_to_nobody else None
         try:
-            for name, content in payload.items():
-                path = Path(workdir, name)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(content)
-            if user:
-                for root, dirs, names in os.walk(workdir):
-                    for entry in [root, *(os.path.join(root, n) for n in dirs + names)]:
-                        os.chown(entry, *user)
+            populate_workdir(workdir, payload, user)
             env = {
                 "PATH": SAFE_PATH,
                 "HOME": workdir,
