@@ -18,12 +18,15 @@ What the override feeds TRL (one batch = one optimizer step; ``num_iterations`` 
   ``vllm_importance_sampling_*`` path would (modes ``token_truncate`` (default), ``token_mask``,
   ``sequence_truncate``, ``sequence_mask``). Multiplying the advantage by a non-negative weight
   equals TRL's ``per_token_loss * importance_sampling_ratio`` for every supported loss;
-* ``old_per_token_logps`` = the proximal policy (current weights, no grad) so PPO clipping is
-  measured against the weights being updated, and ``sampling_per_token_logps`` = the behaviour
-  log-probs (TRL's off-policy sequence mask reads them when ``off_policy_mask_threshold`` is set);
-* with ``vllm_importance_sampling_correction = false`` in ``[trainer.extra]`` there is no proximal
-  forward pass: the behaviour log-probs themselves become ``old_per_token_logps``, so TRL's PPO
-  ratio is ``pi_theta / pi_behaviour``, clipped at ``epsilon``.
+* ``old_per_token_logps`` = the proximal policy (the weights being updated) so PPO clipping is
+  measured against them, and ``sampling_per_token_logps`` = the behaviour log-probs (TRL's
+  off-policy sequence mask reads them when ``off_policy_mask_threshold`` is set). There is no
+  separate proximal forward pass: with one optimizer step per batch the proximal log-probs are the
+  loss forward's own, detached, so the ratio is folded in during that forward
+  (``_correct_with_behaviour``), which saves one forward per step;
+* with ``vllm_importance_sampling_correction = false`` in ``[trainer.extra]`` the behaviour
+  log-probs themselves become ``old_per_token_logps``, so TRL's PPO ratio is
+  ``pi_theta / pi_behaviour``, clipped at ``epsilon``.
 
 After every optimizer step (in ``_maybe_log_save_evaluate``, i.e. after logging and any checkpoint
 save): publish the new version when due, then acknowledge the batch with the version and the step's
@@ -140,6 +143,7 @@ class AstraGRPOTrainer(GRPOTrainer):
         self.advantage_mode = advantage_mode
         self.max_staleness = max_staleness
         self._pending: tuple[Batch, CollatedBatch, float] | None = None
+        self._correcting: dict[str, Any] | None = None  # the micro-batch whose loss is computing
         self._last_logs: dict[str, float] = {}
         self._committed_step = -1
         self._published: set[int] = set()
@@ -271,32 +275,19 @@ class AstraGRPOTrainer(GRPOTrainer):
             "num_items_in_batch": num_items_in_batch,
         }
         missing = ~torch.isfinite(behaviour)
-        # Decided across processes: a forward pass is collective under DDP buffers / ZeRO-3.
-        any_missing = float(self.accelerator.gather(missing.sum()).sum()) > 0
+        metrics["sampling/missing_behaviour_logps"].append(float(missing.sum()))
+        # The behaviour log-probs ride along under TRL's own key: its off-policy mask reads them.
+        output["sampling_per_token_logps"] = behaviour
+        output["advantages"] = advantages
+        if not self.vllm_importance_sampling_correction:
+            # PPO ratio pi_theta / pi_behaviour; an unscored token gets ratio 1 via its own logp,
+            # filled in by _correct_with_behaviour from the loss forward.
+            output["old_per_token_logps"] = behaviour
+        # With the correction on there is no proximal pass here: one optimizer step per batch
+        # means the proximal log-probs *are* the loss forward's own, detached, so the ratio is
+        # folded in by ``_correct_with_behaviour`` during that forward (TRL then uses
+        # per_token_logps.detach() as old_per_token_logps, exactly the proximal policy).
         with torch.no_grad(), no_checkpointing:
-            proximal = None
-            if self.vllm_importance_sampling_correction or any_missing:
-                forward_started = time.perf_counter()
-                proximal, _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, input_ids, attention_mask, logits_to_keep, batch_size=chunk
-                )
-                metrics["time/proximal_logps_s"].append(time.perf_counter() - forward_started)
-                # A token the engine could not score gets ratio 1 (no correction), as in TRL.
-                behaviour = torch.where(missing, proximal, behaviour)
-            metrics["sampling/missing_behaviour_logps"].append(float(missing.sum()))
-            output["sampling_per_token_logps"] = behaviour
-            if self.vllm_importance_sampling_correction:
-                ratio, seq_level = self._importance_ratio(proximal, behaviour, loss_mask)
-                output["old_per_token_logps"] = proximal
-                output["importance_sampling_ratio"] = ratio
-                if self.loss_type == "vespo":  # VESPO reads the ratio itself
-                    output["advantages"] = advantages
-                else:  # x ratio == TRL's per_token_loss * importance_sampling_ratio
-                    output["advantages"] = advantages.unsqueeze(1) * ratio
-                self._log_importance_metrics(proximal, behaviour, loss_mask, ratio, seq_level)
-            else:
-                output["old_per_token_logps"] = behaviour
-                output["advantages"] = advantages
             if self.beta != 0.0 and self.ref_model is not None:
                 ref, _, _ = self._get_per_token_logps_and_entropies(
                     self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size=chunk
@@ -342,6 +333,49 @@ class AstraGRPOTrainer(GRPOTrainer):
         metrics["version_lag/max"].append(lag_max)
         self._pending = (batch, c, started)
         return output
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        self._correcting = inputs
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._correcting = None
+
+    def _get_per_token_logps_and_entropies(self, model: Any, *args: Any, **kwargs: Any) -> Any:
+        logps, entropies, aux = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+        inputs = getattr(self, "_correcting", None)
+        if inputs is not None and torch.is_grad_enabled():
+            self._correcting = None  # only the loss forward of the policy itself
+            self._correct_with_behaviour(inputs, logps.detach())
+        return logps, entropies, aux
+
+    def _correct_with_behaviour(self, inputs: dict[str, Any], proximal: torch.Tensor) -> None:
+        """Fold the behaviour log-probs into this micro-batch, between TRL's forward and its loss.
+
+        TRL's ``_compute_loss`` reads ``advantages``, ``old_per_token_logps`` and
+        ``importance_sampling_ratio`` only after its forward pass, so setting them here gives the
+        same loss as a separate no-grad proximal pass would (one optimizer step per batch: the
+        weights have not moved) for one forward instead of two.
+        """
+        behaviour = inputs["sampling_per_token_logps"]
+        missing = ~torch.isfinite(behaviour)
+        if bool(missing.any()):  # a token the engine could not score gets ratio 1, as in TRL
+            behaviour = torch.where(missing, proximal, behaviour)
+            inputs["sampling_per_token_logps"] = behaviour
+            if not self.vllm_importance_sampling_correction:
+                inputs["old_per_token_logps"] = behaviour
+        if not self.vllm_importance_sampling_correction:
+            return
+        mask = inputs["completion_mask"] * inputs["tool_mask"]
+        ratio, seq_level = self._importance_ratio(proximal, behaviour, mask)
+        inputs["importance_sampling_ratio"] = ratio
+        if self.loss_type != "vespo":  # VESPO reads the ratio itself
+            # x ratio == TRL's per_token_loss * importance_sampling_ratio for every other loss
+            advantages = inputs["advantages"]
+            if advantages.dim() == 1:
+                advantages = advantages.unsqueeze(1)
+            inputs["advantages"] = advantages * ratio
+        self._log_importance_metrics(proximal, behaviour, mask, ratio, seq_level)
 
     def _importance_ratio(
         self, proximal: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor

@@ -84,50 +84,84 @@ def train_seconds(run: H.RunResult) -> float | None:
     return max(times) if times else None
 
 
-def analyse(runs: dict[str, H.RunResult]) -> dict[str, Any]:
-    modes: dict[str, Any] = {}
-    for mode, run in runs.items():
-        modes[mode] = {
-            "ok": run.ok,
-            "wall_s": run.wall_s,
-            "startup_s": run.startup_s,
-            "train_s": train_seconds(run) if run.ok else None,
-            "policies": {
-                name: {
-                    "steps": p.steps,
-                    "trained_samples": p.trained_samples,
-                    "train_s": p.train_s,
-                    "samples_per_s": p.samples_per_s,
-                    "reward_first": p.reward_first,
-                    "reward_final": p.reward_final,
-                    "accuracy_before": p.accuracy_before,
-                    "accuracy_final": p.accuracy_final,
-                    "idle_fraction": p.idle_fraction,
-                    "idle_fraction_reported": p.extra.get("idle_fraction_reported"),
-                    "staleness_mean": p.extra.get("staleness_mean"),
-                    "final_eval_step": p.evals[-1].step if p.evals else None,
-                    "final_eval": p.extra.get("final_eval", "by the run"),
-                }
-                for name, p in sorted(run.policies.items())
-            },
-        }
-    get = lambda m, k: modes.get(m, {}).get(k)  # noqa: E731
+def _policy_row(p: H.PolicyResult) -> dict[str, Any]:
     return {
-        "modes": modes,
-        "speedup_sync_over_async": H.ratio(get("sync", "train_s"), get("async", "train_s")),
-        "speedup_total_wall": H.ratio(get("sync", "wall_s"), get("async", "wall_s"))
-        if get("sync", "ok") and get("async", "ok")
-        else None,
+        "steps": p.steps,
+        "trained_samples": p.trained_samples,
+        "train_s": p.train_s,
+        "samples_per_s": p.samples_per_s,
+        "reward_first": p.reward_first,
+        "reward_final": p.reward_final,
+        "accuracy_before": p.accuracy_before,
+        "accuracy_final": p.accuracy_final,
+        "idle_fraction": p.idle_fraction,
+        "idle_fraction_reported": p.extra.get("idle_fraction_reported"),
+        "staleness_mean": p.extra.get("staleness_mean"),
+        "final_eval_step": p.evals[-1].step if p.evals else None,
+        "final_eval": p.extra.get("final_eval", "by the run"),
     }
 
 
-def print_report(summary: dict[str, Any], runs: dict[str, H.RunResult]) -> None:
+def analyse(runs: dict[str, list[H.RunResult]]) -> dict[str, Any]:
+    """Per mode: the median over seeds of every figure (``*_spread``: median, min, max, n); the
+    sync/async ratio is taken per seed (the two modes of one seed ran back to back) and its median
+    reported."""
+    modes: dict[str, Any] = {}
+    for mode, seeds in runs.items():
+        ok = [r for r in seeds if r.ok]
+        names = sorted({n for r in ok for n in r.policies})
+        policies = {}
+        for name in names:
+            rows = [_policy_row(r.policies[name]) for r in ok if name in r.policies]
+            agg: dict[str, Any] = {"per_seed": rows}
+            for key in ("steps", "trained_samples", "train_s", "samples_per_s", "reward_first",
+                        "reward_final", "accuracy_before", "accuracy_final", "idle_fraction",
+                        "idle_fraction_reported", "staleness_mean"):  # fmt: skip
+                sp = H.spread(row[key] for row in rows)
+                agg[key] = sp.median
+                agg[f"{key}_spread"] = H.spread_json(sp)
+            agg["final_eval"] = ", ".join(sorted({row["final_eval"] for row in rows}))
+            agg["final_eval_step"] = rows[-1]["final_eval_step"] if rows else None
+            policies[name] = agg
+        modes[mode] = {
+            "ok": len(ok) == len(seeds),
+            "runs": len(seeds),
+            "wall_s": H.spread(r.wall_s for r in ok).median,
+            "startup_s": H.spread(r.startup_s for r in ok).median,
+            "train_s": H.spread(train_seconds(r) for r in ok).median,
+            "train_s_spread": H.spread_json(H.spread(train_seconds(r) for r in ok)),
+            "policies": policies,
+        }
+    pairs = list(zip(runs.get("sync", []), runs.get("async", []), strict=False))
+    per_seed = [H.ratio(train_seconds(a), train_seconds(b)) for a, b in pairs if a.ok and b.ok]
+    wall = [H.ratio(a.wall_s, b.wall_s) for a, b in pairs if a.ok and b.ok]
+    speedup = H.spread(per_seed)
+    return {
+        "modes": modes,
+        "speedup_sync_over_async": speedup.median,
+        "speedup_sync_over_async_spread": H.spread_json(speedup),
+        "speedup_total_wall": H.spread(wall).median,
+        "accuracy_final_async_minus_sync": {
+            name: _diff(
+                modes.get("async", {}).get("policies", {}).get(name, {}).get("accuracy_final"),
+                modes.get("sync", {}).get("policies", {}).get(name, {}).get("accuracy_final"),
+            )
+            for name in sorted(modes.get("async", {}).get("policies", {}))
+        },
+    }
+
+
+def _diff(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def print_report(summary: dict[str, Any], runs: dict[str, list[H.RunResult]]) -> None:
     rows = []
     for mode, m in summary["modes"].items():
         for name, p in m["policies"].items():
             rows.append(
                 [
-                    f"{mode} / {name}",
+                    f"{mode} / {name}" + (f" ({m['runs']} seeds)" if m["runs"] > 1 else ""),
                     H.fmt(m["wall_s"], "{:.0f}", "s"),
                     H.fmt(m["startup_s"], "{:.0f}", "s"),
                     H.fmt(m["train_s"], "{:.0f}", "s"),
@@ -159,7 +193,7 @@ def print_report(summary: dict[str, Any], runs: dict[str, H.RunResult]) -> None:
         )  # fmt: skip
     )
     H.console.print(
-        "training wall time sync / async: "
+        "training wall time sync / async (median of per-seed ratios): "
         f"[bold]{H.fmt(summary['speedup_sync_over_async'], '{:.2f}', 'x')}[/] (target >= 1.6x); "
         f"total wall incl. start-up: {H.fmt(summary['speedup_total_wall'], '{:.2f}', 'x')}"
     )
@@ -168,9 +202,15 @@ def print_report(summary: dict[str, Any], runs: dict[str, H.RunResult]) -> None:
         "evaluated the final checkpoint (same problems, greedy, Math env scoring); "
         "@k = last evaluation that completed was at step k."
     )
-    for mode, run in runs.items():
-        if not run.ok:
-            H.console.print(f"[red]{mode} run failed:[/] {run.error}")
+    diffs = summary["accuracy_final_async_minus_sync"]
+    H.console.print(
+        "final held-out accuracy, async - sync (median over seeds): "
+        + ", ".join(f"{name} {H.fmt(d, '{:+.3f}')}" for name, d in diffs.items())
+    )
+    for mode, seeds in runs.items():
+        for run in seeds:
+            if not run.ok:
+                H.console.print(f"[red]{mode} seed {run.seed} failed:[/] {run.error}")
     for note in NOTES:
         H.console.print(f"[dim]- {note}[/]")
 
@@ -184,7 +224,8 @@ def _eval_mark(p: dict[str, Any]) -> str:
 
 
 def plot(runs: dict[str, H.RunResult], path: Path) -> Path | None:
-    """Reward (per step) and held-out accuracy (per evaluation) against training wall time."""
+    """Reward (per step) and held-out accuracy (per evaluation) against training wall time (one
+    seed: curves of several seeds on one axis are unreadable)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -236,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="few steps (about 2 minutes)")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--plot", type=Path, default=None, help="PNG path (default: in the workdir)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="first seed")
+    ap.add_argument("--seeds", type=int, default=1, help="seeds per mode (seed, seed+1, ...)")
     ap.add_argument("--steps", type=int, default=None, help="steps per policy (default: recipe's)")
     ap.add_argument("--eval-every", type=int, default=None)
     ap.add_argument("--eval-tasks", type=int, default=None)
@@ -264,22 +306,24 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     plot_path = ns.plot or workdir / "multi_policy.png"
 
-    runs: dict[str, H.RunResult] = {}
-    for mode in MODES:
-        label = f"{mode} mode, seed {ns.seed}, {steps} steps per policy"
-        with H.console.status(f"running {label}…"):
-            started = time.time()
-            runs[mode] = run_mode(
-                mode, ns.seed, steps, eval_every, eval_tasks, workdir, timeout,
-                solver_final_eval(recipe, ns.seed, eval_tasks),
-            )  # fmt: skip
-        status = "[green]ok[/]" if runs[mode].ok else "[red]failed[/]"
-        H.console.print(f"{status} {label}: {time.time() - started:.0f}s")
+    runs: dict[str, list[H.RunResult]] = {mode: [] for mode in MODES}
+    for seed in range(ns.seed, ns.seed + ns.seeds):
+        for mode in MODES:
+            label = f"{mode} mode, seed {seed}, {steps} steps per policy"
+            with H.console.status(f"running {label}…"):
+                started = time.time()
+                run = run_mode(
+                    mode, seed, steps, eval_every, eval_tasks, workdir, timeout,
+                    solver_final_eval(recipe, seed, eval_tasks),
+                )  # fmt: skip
+            runs[mode].append(run)
+            status = "[green]ok[/]" if run.ok else "[red]failed[/]"
+            H.console.print(f"{status} {label}: {time.time() - started:.0f}s")
     summary = analyse(runs)
     print_report(summary, runs)
     written = None
     try:
-        written = plot(runs, plot_path)
+        written = plot({mode: seeds[0] for mode, seeds in runs.items() if seeds}, plot_path)
     except Exception as exc:  # noqa: BLE001 - the numbers matter more than the picture
         H.console.print(f"[yellow]plot failed: {exc}[/]")
     if written:
@@ -290,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             "quick": ns.quick,
             "settings": {
                 "recipe": str(RECIPE.relative_to(H.REPO_ROOT)),
-                "seed": ns.seed,
+                "seeds": list(range(ns.seed, ns.seed + ns.seeds)),
                 "steps_per_policy": steps,
                 "eval_every": eval_every,
                 "eval_tasks": eval_tasks,
@@ -299,11 +343,11 @@ def main(argv: list[str] | None = None) -> int:
             **summary,
             "plot": str(written) if written else None,
             "notes": NOTES,
-            "runs": {m: r.to_json() for m, r in runs.items()},
+            "runs": {m: [r.to_json() for r in seeds] for m, seeds in runs.items()},
         }
         H.write_json(ns.json, payload)
         H.console.print(f"wrote {ns.json}")
-    return 0 if all(r.ok for r in runs.values()) else 1
+    return 0 if all(r.ok for seeds in runs.values() for r in seeds) else 1
 
 
 if __name__ == "__main__":

@@ -10,7 +10,11 @@ steps, hence the same number of trained samples:
   process with 2 torch threads: it runs alone, so it gets both cores;
 * ``astraflow_async``: ``astraflow train recipes/quickstart.toml`` (dataflow service, one rollout
   node and one trainer, 1 torch thread each), the default asynchronous dataflow;
-* ``astraflow_sync``: the same with ``run.mode = sync`` (lock-step rounds: generate, then train).
+* ``astraflow_sync``: the same with ``run.mode = sync`` (lock-step rounds: generate, then train);
+* ``trl_1thread``: TRL again with 1 torch thread. Not a contender: it measures how much each phase
+  gains from the second core, which sets the best any two-stage pipeline (one core generating, one
+  training, no overhead) can do against TRL on this machine:
+  ``pipeline_bound = TRL step (2 threads) / max(generate step, train step) (1 thread each)``.
 
 Held-out accuracy: greedy decoding on the first N problems of the arith test split, scored by the
 Math env, every k optimizer steps and at step 0. AstraFlow evaluates on its rollout node while
@@ -40,7 +44,7 @@ from typing import Any
 import _harness as H
 
 QUICKSTART = H.REPO_ROOT / "recipes" / "quickstart.toml"
-SYSTEMS = ("trl", "astraflow_async", "astraflow_sync")
+SYSTEMS = ("trl", "trl_1thread", "astraflow_async", "astraflow_sync")
 
 NOTES = [
     "Why not 2x: with generation and training perfectly overlapped, a pipeline can at best hide the "
@@ -51,9 +55,9 @@ NOTES = [
     "trainer each get one core instead of TRL's two, so each phase runs slower than when it has the "
     "machine to itself; the held-out evaluation, weight publication (safetensors + sparse delta) and "
     "weight loading on the node, HTTP/msgpack transfer and the dataflow service's SQLite writes all "
-    "take CPU from the same 2 cores; the zero-variance filter discards groups, so AstraFlow "
-    "generates more rollouts than it trains on; and the AstraFlow trainer runs an extra no-grad "
-    "forward pass per step for the off-policy (importance-sampling) correction.",
+    "take CPU from the same 2 cores; and the zero-variance filter discards groups, so AstraFlow "
+    "generates more rollouts than it trains on. The pipeline bound (printed) measures the "
+    "one-core-per-phase limit directly.",
     "Fairness: TRL's evaluation pauses are excluded from its clock, AstraFlow's evaluation runs "
     "concurrently and slows its training; TRL gets 2 torch threads (it runs alone), AstraFlow's "
     "services 1 each. Both choices favour TRL.",
@@ -263,9 +267,9 @@ def trl_worker(ns: argparse.Namespace) -> None:
 
 def run_trl(
     seed: int, steps: int, eval_every: int, eval_tasks: int, threads: int, workdir: Path,
-    timeout_s: float, settings: dict[str, Any],
+    timeout_s: float, settings: dict[str, Any], system: str = "trl",
 ) -> H.RunResult:  # fmt: skip
-    out = workdir / f"trl-s{seed}"
+    out = workdir / f"{system}-s{seed}"
     argv = [
         sys.executable, str(Path(__file__).resolve()), "--trl-worker",
         "--seed", str(seed), "--steps", str(steps), "--eval-every", str(eval_every),
@@ -275,8 +279,9 @@ def run_trl(
     # PASSIVE: idle OpenMP threads sleep instead of spinning. On a busy 2-core machine a spinning
     # 2-thread torch runs 10-20x slower (measured: 64x12-token generate 0.3s -> 4.6s).
     env = H.child_env(threads, {"OMP_WAIT_POLICY": "PASSIVE"})
-    outcome = H.run_subprocess(argv, workdir / f"trl-s{seed}.log", timeout_s, env)
-    result = H.RunResult("trl", seed, ok=False, wall_s=outcome.wall_s, run_dir=str(out))
+    log = workdir / f"{system}-s{seed}.log"
+    outcome = H.run_subprocess(argv, log, timeout_s, env)
+    result = H.RunResult(system, seed, ok=False, wall_s=outcome.wall_s, run_dir=str(out))
     records = H.read_jsonl(out / "metrics.jsonl")
     info_path = out / "trl.json"
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
@@ -289,6 +294,9 @@ def run_trl(
     steps_recs = H.step_records(records, "policy")
     if steps_recs and res.train_s:
         res.idle_fraction = min(1.0, float(steps_recs[-1]["generate_s_total"]) / res.train_s)
+        generate_s = float(steps_recs[-1]["generate_s_total"])
+        res.extra["generate_s_per_step"] = generate_s / len(steps_recs)
+        res.extra["optimize_s_per_step"] = (res.train_s - generate_s) / len(steps_recs)
     res.extra["eval_s_excluded"] = info.get("eval_s")
     res.extra["episodes"] = res.trained_samples
     result.policies["policy"] = res
@@ -300,7 +308,7 @@ def run_trl(
     if res.steps == 0:
         problems.append("no TRL step recorded")
     if problems:
-        result.error = "; ".join(problems) + "\n" + H._log_tail(workdir / f"trl-s{seed}.log")
+        result.error = "; ".join(problems) + "\n" + H._log_tail(log)
     result.ok = not problems
     return result
 
@@ -370,6 +378,12 @@ def analyse(runs: list[H.RunResult], threshold_arg: float | None) -> dict[str, A
                 H.spread(p.extra.get("idle_fraction_reported") for p in ps)
             ),
             "episodes": H.spread_json(H.spread(p.extra.get("episodes") for p in ps)),
+            "generate_s_per_step": H.spread_json(
+                H.spread(p.extra.get("generate_s_per_step") for p in ps)
+            ),
+            "optimize_s_per_step": H.spread_json(
+                H.spread(p.extra.get("optimize_s_per_step") for p in ps)
+            ),
             "final_eval_by_bench": sum(p.extra.get("final_eval") == "by the bench" for p in ps),
             "final_eval_missing": sum(p.extra.get("final_eval") == "missing" for p in ps),
         }
@@ -387,6 +401,7 @@ def analyse(runs: list[H.RunResult], threshold_arg: float | None) -> dict[str, A
         # Amdahl bound of overlapping generation with training, from TRL's own phase split:
         # hiding TRL's generation share g completely speeds a step up by at most 1 / (1 - g).
         "overlap_bound_vs_trl": _overlap_bound(systems.get("trl", {})),
+        "pipeline_bound_vs_trl": _pipeline_bound(systems.get("trl"), systems.get("trl_1thread")),
         "speedup_samples_per_s": H.ratio(
             systems.get("astraflow_async", {}).get("samples_per_s", {}).get("median"),
             systems.get("trl", {}).get("samples_per_s", {}).get("median"),
@@ -397,6 +412,19 @@ def analyse(runs: list[H.RunResult], threshold_arg: float | None) -> dict[str, A
 def _overlap_bound(trl: dict[str, Any]) -> float | None:
     share = (trl.get("trainer_idle_fraction") or {}).get("median")
     return None if share is None or share >= 1 else 1.0 / (1.0 - share)
+
+
+def _pipeline_bound(two: dict[str, Any] | None, one: dict[str, Any] | None) -> float | None:
+    """TRL's step on 2 threads over the slower phase on 1 thread: the most a pipeline that gives
+    each phase one core can gain here, before any of its own costs (transfer, weight sync, eval)."""
+    if not two or not one:
+        return None
+    med = lambda d, k: (d.get(k) or {}).get("median")  # noqa: E731
+    parts = [med(two, "generate_s_per_step"), med(two, "optimize_s_per_step")]
+    slow = [med(one, "generate_s_per_step"), med(one, "optimize_s_per_step")]
+    if None in parts or None in slow or max(slow) <= 0:
+        return None
+    return (parts[0] + parts[1]) / max(slow)
 
 
 def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
@@ -453,6 +481,16 @@ def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
         f"trainer would be {H.fmt(summary['overlap_bound_vs_trl'], '{:.2f}', 'x')} faster "
         "(the 2x bound needs generation = 50% of the step)"
     )
+    trl2, trl1 = summary["systems"].get("trl"), summary["systems"].get("trl_1thread")
+    if trl2 and trl1:
+        per = lambda d, k: H.fmt((d.get(k) or {}).get("median"), "{:.3f}", "s")  # noqa: E731
+        H.console.print(
+            f"phases per step, TRL 2 threads: generate {per(trl2, 'generate_s_per_step')}, "
+            f"optimize {per(trl2, 'optimize_s_per_step')}; 1 thread: generate "
+            f"{per(trl1, 'generate_s_per_step')}, optimize {per(trl1, 'optimize_s_per_step')} -> "
+            "pipeline bound on this machine (one core per phase, zero overhead): "
+            f"[bold]{H.fmt(summary['pipeline_bound_vs_trl'], '{:.2f}', 'x')}[/]"
+        )
     H.console.print(
         "trainer idle: AstraFlow = share of the training window the trainer waited for a batch; "
         "TRL = share of training time spent generating and scoring (not optimizing)."
@@ -533,10 +571,11 @@ def main(argv: list[str] | None = None) -> int:
                 label = f"{system} seed {seed} ({steps} steps, eval every {eval_every})"
                 with H.console.status(f"running {label}…"):
                     started = time.time()
-                    if system == "trl":
+                    if system.startswith("trl"):
+                        threads = 1 if system == "trl_1thread" else ns.trl_threads
                         r = run_trl(
-                            seed, steps, eval_every, eval_tasks, ns.trl_threads, workdir,
-                            timeout, settings,
+                            seed, steps, eval_every, eval_tasks, threads, workdir,
+                            timeout, settings, system,
                         )  # fmt: skip
                     else:
                         mode = system.removeprefix("astraflow_")

@@ -289,6 +289,28 @@ def test_behaviour_logprobs_drive_importance_ratio(loss_trainer, tiny_policy):
     assert clip_high > 0.3  # the positive sample's tokens are all clipped at 1 + epsilon
 
 
+def test_importance_correction_costs_no_extra_forward(loss_trainer, tiny_policy):
+    """The proximal log-probs come from the loss forward itself: one forward per step, not two."""
+    model, tok = tiny_policy
+    group = rollout_group(model, tok, "21+13", "34", policy=POLICY, group_size=2, version=0)
+    group.samples[0].advantage, group.samples[1].advantage = 1.0, -1.0
+    for i, m in enumerate(group.samples[0].loss_mask):
+        if m:
+            group.samples[0].logprobs[i] -= 1.0  # off-policy: the ratio is not 1
+    trainer, source = loss_trainer()
+    calls = []
+    handle = trainer.model.register_forward_hook(lambda *_: calls.append(torch.is_grad_enabled()))
+    try:
+        _, _, inputs = _loss(trainer, source, [group])
+    finally:
+        handle.remove()
+    assert calls == [True]  # the training forward only
+    assert inputs["importance_sampling_ratio"].max().item() == pytest.approx(2.0)
+    assert trainer._metrics["train"]["sampling/importance_sampling_ratio/max"] == [
+        pytest.approx(2.0)
+    ]
+
+
 def test_stale_and_zero_weight_samples_do_not_contribute(loss_trainer, tiny_policy):
     model, tok = tiny_policy
     trainer, source = loss_trainer(max_staleness=4)
