@@ -16,6 +16,12 @@ steps, hence the same number of trained samples:
   training, no overhead) can do against TRL on this machine:
   ``pipeline_bound = TRL step (2 threads) / max(generate step, train step) (1 thread each)``.
 
+Data treatment: TRL trains on every group it generates, including groups whose rewards are all
+equal (zero advantage). The quickstart recipe drops those (``zero_variance_filter``, DAPO's dynamic
+sampling), which changes the algorithm and makes the rollout node generate ~1.7x more episodes per
+trained sample. So the AstraFlow runs here use TRL's treatment: the recipe's dataflow policies
+without ``zero_variance_filter`` (``--keep-filters`` keeps the recipe's own).
+
 Held-out accuracy: greedy decoding on the first N problems of the arith test split, scored by the
 Math env, every k optimizer steps and at step 0. AstraFlow evaluates on its rollout node while
 training goes on (the evaluation competes with training for the 2 cores, which counts against
@@ -97,6 +103,27 @@ def quickstart_settings() -> dict[str, Any]:
         "eval_every": recipe.evaluation.every_steps,
         "eval_tasks": recipe.evaluation.num_tasks,
     }
+
+
+def trl_data_treatment() -> str:
+    """Recipe override: the quickstart's dataflow policies minus the zero-variance filter, so
+    AstraFlow trains on the same kind of groups as TRL (all of them, zero advantage included)."""
+    from astraflow.recipe import load_recipe
+
+    kept = [
+        {"name": p.name, "kwargs": p.kwargs}
+        for p in load_recipe(QUICKSTART).dataflow.policies
+        if p.name != "zero_variance_filter"
+    ]
+    return f"dataflow.policies={_toml_inline(kept)}"
+
+
+def _toml_inline(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_inline(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_inline(v) for v in value) + "]"
+    return json.dumps(value)
 
 
 # ----------------------------------------------------------------------------- TRL worker
@@ -524,6 +551,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threshold", type=float, default=None, help="fixed accuracy to time")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
     ap.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL run")
+    ap.add_argument(
+        "--keep-filters",
+        action="store_true",
+        help="AstraFlow keeps the recipe's zero-variance filter (TRL has none)",
+    )
     ap.add_argument("--timeout", type=float, default=None, help="per-run limit in seconds")
     ap.add_argument("--workdir", type=Path, default=None, help="keep runs here (default: temp)")
     ap.add_argument(
@@ -555,7 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"--systems: unknown {sorted(unknown)}; expected some of {', '.join(SYSTEMS)}")
     settings.update(max_steps=steps, eval_every=eval_every, eval_tasks=eval_tasks, seeds=seeds)
-    settings["astraflow_extra_overrides"] = list(ns.af_set)
+    af_set = ([] if ns.keep_filters else [trl_data_treatment()]) + list(ns.af_set)
+    settings["astraflow_extra_overrides"] = af_set
 
     tmp = None
     if ns.workdir is None:
@@ -581,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
                         mode = system.removeprefix("astraflow_")
                         r = run_astraflow(
                             mode, seed, steps, eval_every, eval_tasks, workdir, timeout,
-                            ns.af_set, H.checkpoint_accuracy(settings, seed),
+                            af_set, H.checkpoint_accuracy(settings, seed),
                         )  # fmt: skip
                 runs.append(r)
                 pol = r.policies.get("policy")
