@@ -249,3 +249,16 @@ def test_run_subprocess_stops_a_process_once_finished(tmp_path):
     )
     assert outcome.stopped_when_finished and not outcome.timed_out
     assert outcome.wall_s < 30 and outcome.returncode is not None
+
+
+def test_saved_runs_reload_for_reanalysis():
+    """``vs_trl.py --from-json`` re-analyses saved runs: a run survives its JSON round trip."""
+    records = [step("policy", 1, 5.0), step("policy", 2, 9.0, reward=0.75)]
+    records.append({"type": "eval", "policy": "policy", "step": 2, "accuracy": 0.4, "time": 0})
+    run = H.RunResult("astraflow_async", 3, True, 42.0, startup_s=4.0, run_dir="/x", t0=T0)
+    run.policies["policy"] = H.summarize_policy(records, "policy", T0)
+    run.policies["policy"].extra["episodes"] = 128
+    again = H.RunResult.from_json(json.loads(json.dumps(run.to_json())))
+    assert again == run
+    assert again.policies["policy"].accuracy_final == 0.4
+    assert H.time_to_accuracy(again.policies["policy"].evals, 0.4) == 9.0

@@ -273,6 +273,21 @@ class RunResult:
     t0: float | None = None  # absolute training-start time (epoch seconds)
     policies: dict[str, PolicyResult] = field(default_factory=dict)
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunResult:
+        """Inverse of :meth:`to_json` (re-analysing saved runs without running them again)."""
+        run = cls(
+            data["system"], data["seed"], data["ok"], data["wall_s"], data.get("startup_s"),
+            data.get("error"), data.get("run_dir"), data.get("t0"),
+        )  # fmt: skip
+        for name, p in data.get("policies", {}).items():
+            run.policies[name] = PolicyResult(
+                name, p["steps"], p["trained_samples"], p.get("train_s"), p.get("samples_per_s"),
+                [EvalPoint(**e) for e in p.get("evals", [])], p.get("reward_first"),
+                p.get("reward_final"), p.get("idle_fraction"), p.get("extra", {}),
+            )  # fmt: skip
+        return run
+
     def to_json(self) -> dict[str, Any]:
         return {
             "system": self.system,

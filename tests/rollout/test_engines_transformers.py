@@ -343,3 +343,41 @@ def test_cancelled_request_leaves_and_close_fails_pending(model_dir):
         return ok
 
     assert len(run(main())[0].token_ids) <= 5
+
+
+def test_identical_prompts_are_prefilled_once(model_dir):
+    """A group's repeated prompt runs through the model once, and every row gets exactly the cache
+    and logits a prefill of its prompt alone would give."""
+    from transformers import AutoModelForCausalLM
+
+    from astraflow.rollout.engines.continuous_batch import CausalLMRunner, DecodeState, SequenceRow
+    from astraflow.rollout.engines.sampling import RowSampling
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    runner = CausalLMRunner(model)
+    cpu = torch.device("cpu")
+
+    def prefill(prompts):
+        rows = [SequenceRow(None, i, len(p), 8, frozenset(), ()) for i, p in enumerate(prompts)]
+        sampling = RowSampling.build([1.0] * len(rows), [1.0] * len(rows), [None] * len(rows), cpu)
+        with torch.no_grad():
+            return DecodeState.prefill(runner, prompts, rows, sampling, 0, cpu)
+
+    a, b = [5, 9, 13, 2, 7], [4, 4, 11]
+    batch_rows = []
+    hook = model.register_forward_hook(
+        lambda _m, _a, kwargs, _o: batch_rows.append(kwargs["input_ids"].shape[0]),
+        with_kwargs=True,
+    )
+    state, logits = prefill([a, b, a, a])
+    hook.remove()
+    assert batch_rows == [2]  # two distinct prompts, one forward
+    assert len(state) == 4 and state.next_pos.tolist() == [5, 3, 5, 5]
+    for row, prompt in enumerate([a, b, a, a]):
+        alone, alone_logits = prefill([prompt])
+        assert torch.allclose(logits[row], alone_logits[0], atol=1e-5)
+        pad = state.mask.shape[1] - len(prompt)
+        assert state.mask[row].tolist() == [0] * pad + [1] * len(prompt)
+        for mine, ref in zip(state.cache.layers, alone.cache.layers, strict=True):
+            assert torch.allclose(mine.keys[row, :, pad:], ref.keys[0], atol=1e-5)
+            assert torch.allclose(mine.values[row, :, pad:], ref.values[0], atol=1e-5)

@@ -101,17 +101,32 @@ class DecodeState:
         pad_id: int,
         device: torch.device,
     ) -> tuple[DecodeState, torch.Tensor]:
-        """Run the prompts (left-padded) through the model; return the state and last logits."""
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
+        """Run the prompts (left-padded) through the model; return the state and last logits.
+
+        Each distinct prompt runs once: a GRPO group sends the same prompt ``group_size`` times,
+        and identical prompts have identical KV caches and logits, so their rows are copied
+        from one forward pass (a copy per row, because rows diverge from the first sampled token).
+        """
+        first_row: dict[tuple[int, ...], int] = {}
+        source = [first_row.setdefault(tuple(p), len(first_row)) for p in prompts]
+        distinct = [list(p) for p in first_row]
+        width = max(len(p) for p in distinct)
+        ids = torch.full((len(distinct), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(distinct), width), dtype=torch.long)
+        for i, prompt in enumerate(distinct):
             ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             mask[i, width - len(prompt) :] = 1
         ids, mask = ids.to(device), mask.to(device)
         position_ids = (mask.cumsum(-1) - 1).clamp_(min=0)
         cache = runner.new_cache()
         logits = runner.forward(ids, mask, position_ids, cache)
+        if len(distinct) < len(prompts):
+            index = torch.tensor(source, dtype=torch.long, device=device)
+            logits = logits.index_select(0, index)
+            mask = mask.index_select(0, index)
+            for layer in cache.layers:
+                layer.keys = layer.keys.index_select(0, index)
+                layer.values = layer.values.index_select(0, index)
         lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)
         stop_width = max(1, max(len(r.stop_token_ids) for r in rows))
         stop_matrix = torch.full((len(rows), stop_width), -1, dtype=torch.long)
