@@ -109,10 +109,11 @@ def test_sigterm_finishes_or_releases_in_flight_and_deregisters(tmp_path, procs)
         tmp_path / "runs", f'{{ name = "arith", split = "train", limit = {n} }}',
         lease_timeout_s=60.0))  # fmt: skip
     procs.append(df)
-    # R releases at once on SIGTERM; F finishes its in-flight groups first (the default). R runs
-    # one episode at a time, so a group it holds is still generating when it is frozen (with more
-    # slots a loaded machine let R finish its groups before the freeze, and nothing was released).
-    r = start_node(tmp_path, df.url, "R", "--drain-timeout", "0", "--concurrency", "1")
+    # R releases at once on SIGTERM; F finishes its in-flight groups first (the default). R's
+    # engine answers after 0.5 s, so a group it holds is still generating when the signal lands
+    # (the tiny model alone finishes a group in milliseconds: its push was usually under way).
+    r = start_node(tmp_path, df.url, "R", "--drain-timeout", "0", "--concurrency", "4",
+                   runner=[sys.executable, str(REPO / "tests/rollout/slow_node.py")])  # fmt: skip
     f = start_node(tmp_path, df.url, "F")
     procs.extend([r, f])
     frozen = set()
