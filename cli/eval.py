@@ -1,4 +1,8 @@
-"""`astraflow eval agentbench`: AgentBench v0.2 (dbbench, os_interaction) against a policy."""
+"""`astraflow eval agentbench`: AgentBench v0.2 (dbbench, os_interaction) against a policy.
+
+The episodes run through the training path (workflow, engine, env runner); see
+:mod:`astraflow.rollout.evaluation.agentbench`. This module parses flags and renders the report.
+"""
 
 from __future__ import annotations
 
@@ -54,15 +58,14 @@ def agentbench(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from envs.agentbench import data as ab_data
-    from envs.agentbench.evaluate import (
+    from astraflow.rollout.evaluation.agentbench import (
         FAMILIES,
         EvalConfig,
-        OracleAgent,
         evaluate,
-        render_tables,
-        write_report,
+        oracle_agent,
     )
+    from envs.agentbench import data as ab_data
+    from envs.agentbench.report import write_report
 
     families = tuple(t.strip() for t in tasks.split(",") if t.strip())
     bad = [f for f in families if f not in FAMILIES]
@@ -91,7 +94,7 @@ def agentbench(
 
     async def main():
         if agent == "oracle":
-            runner = OracleAgent()
+            runner = oracle_agent()
         else:
             runner = _policy_agent(
                 policy, engine, device, engine_args, max_tokens, temperature, overflow
@@ -144,17 +147,47 @@ def _policy_agent(
     temperature: float,
     overflow: str,
 ):
-    from envs.agentbench.evaluate import PolicyAgent
+    """The policy's engine, serving every episode (what a rollout node would run)."""
+    from astraflow.rollout.evaluation.agents import EngineAgent
 
     model_path = resolve_policy(policy)
     eng = _make_engine(engine, model_path, device, engine_args)
-    return PolicyAgent(
+    return EngineAgent(
         eng,
         name=f"policy:{policy}",
         max_tokens=max_tokens,
         temperature=temperature,
         overflow=overflow,
     )
+
+
+def render_tables(report: dict) -> list:
+    """rich tables: one per family (summary, per-type accuracy for dbbench, status histogram)."""
+    from rich.table import Table
+
+    tables = []
+    for family, fam in report["tasks"].items():
+        t = Table(
+            title=f"AgentBench {family} ({report['meta'].get('split')}, agent "
+            f"{report['meta'].get('agent')})",
+            show_lines=False,
+        )
+        t.add_column("metric")
+        t.add_column("value", justify="right")
+        t.add_row("samples", str(fam["total"]))
+        t.add_row("skipped", str(fam["skipped"]))
+        t.add_row("passed", str(fam["passed"]))
+        t.add_row("success rate", f"{fam['success_rate']:.1%}")
+        t.add_row("average turns", f"{fam['avg_turns']:.2f}")
+        if family == "dbbench":
+            t.add_row("overall_cat_accuracy", f"{fam['overall_cat_accuracy']:.1%}")
+            for typ, slot in fam["by_type"].items():
+                acc = slot["passed"] / slot["total"] if slot["total"] else 0.0
+                t.add_row(f"  {typ}", f"{slot['passed']}/{slot['total']} ({acc:.0%})")
+        for status, count in sorted(fam["status"].items()):
+            t.add_row(f"status: {status}", str(count))
+        tables.append(t)
+    return tables
 
 
 def _make_engine(engine: str, model_path: str, device: str, engine_args: dict):

@@ -73,6 +73,15 @@ def rollout(
         min=0.0,
         help="On SIGTERM: seconds to finish in-flight groups before releasing their leases",
     ),
+    env_workers: int = typer.Option(
+        None, "--env-workers", min=1, help="Threads for sync env calls (recipe rollout.env_workers)"
+    ),
+    env_timeout: float = typer.Option(
+        None,
+        "--env-timeout",
+        min=0.001,
+        help="Seconds one env call may take (recipe rollout.env_timeout_s)",
+    ),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Rollout node: engines, workflows, envs; joins a running job (and may leave at any time)."""
@@ -94,7 +103,8 @@ def rollout(
 
     opts = NodeOptions(join=join, token=token, policies=policies, engine=engine,
                        concurrency=concurrency, device=device, name=name, region=region,
-                       torch_threads=threads, drain_timeout_s=drain_timeout)  # fmt: skip
+                       torch_threads=threads, drain_timeout_s=drain_timeout,
+                       env_workers=env_workers, env_timeout_s=env_timeout)  # fmt: skip
     try:
         code = run_node(opts, spec)
     except AuthError:

@@ -85,6 +85,15 @@ def default_task_sets() -> TaskSetRegistry:
                 "astraflow/Code-v0",
             )
         )
+        reg.add(
+            TaskSetInfo(
+                "code_gen",
+                code.generated,
+                ("train", "test"),
+                "Generated one-line functions to complete (f(x) = x OP k), for small-context models",
+                "astraflow/Code-v0",
+            )
+        )
     return reg
 
 

@@ -168,3 +168,36 @@ def mbpp(
                 item["tests"] = add_test_imports(item["tests"], item["prompt"])
                 items.append(item)
     return _order(items, split, seed)
+
+
+#: Splits of :func:`generated` and the seed offset that keeps them apart.
+GENERATED_SPLITS = {"train": 0, "test": 1_000_003}
+_OPS = {"+": lambda x, k: x + k, "-": lambda x, k: x - k, "*": lambda x, k: x * k}
+
+
+def generated(split: str = "train", seed: int = 0, n: int = 2000, **_: Any) -> list[dict[str, Any]]:
+    """Tiny generated functions to complete (``f(x) = x OP k``), sized for small-context models.
+
+    The prompt stops at ``return `` so a completion-style reply (the code env with
+    ``fence="optional"``) is the expression itself; three asserts test it. Meant for system
+    benchmarks with the built-in tiny policy (256-token context), not for measuring coding skill.
+    """
+    if split not in GENERATED_SPLITS:
+        raise ValueError(f"code_gen has no split {split!r}; splits: {', '.join(GENERATED_SPLITS)}")
+    rng = random.Random(seed * 7919 + GENERATED_SPLITS[split])
+    items = []
+    for i in range(n):
+        op, k = rng.choice(sorted(_OPS)), rng.randint(1, 9)
+        name, arg = rng.choice("fgh"), rng.choice("xna")
+        xs = rng.sample(range(-9, 10), 3)
+        asserts = "".join(f"    assert candidate({x}) == {_OPS[op](x, k)}\n" for x in xs)
+        items.append(
+            {
+                "id": f"code_gen/{split}/{i}",
+                "prompt": f'def {name}({arg}):\n    """Return {arg}{op}{k}."""\n    return ',
+                "entry_point": name,
+                "tests": "def check(candidate):\n" + asserts,
+                "canonical_solution": f"{arg} {op} {k}\n",
+            }
+        )
+    return items

@@ -9,7 +9,7 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
@@ -301,7 +301,14 @@ def create_app(
         return respond(request, await service.evaluation(eval_id))
 
     @app.get("/status", tags=["meta"], response_model=DataflowStatus, responses=_ERRORS)
-    async def status(request: Request):
+    async def status(
+        request: Request,
+        wait_done_s: float = Query(
+            0.0, ge=0.0, le=600.0, description="Long-poll: reply once the run is done, or then"
+        ),
+    ):
+        if wait_done_s > 0:
+            await service.wait_done(wait_done_s)
         return respond(request, await service.status())
 
     @app.get("/recipe", tags=["meta"], summary="The run's resolved recipe", responses=_ERRORS)

@@ -7,8 +7,8 @@ Rules (documented in docs/decisions.md):
   task is superseded and its partial samples are discarded (counted as ``superseded``). A push for
   a task that is already complete is rejected, so data is never taken twice.
 - An episode with ``error`` is stored for the record, counts towards completing the lease, yields
-  no sample and is counted as dropped (``episode_error``) for each trainable policy of the
-  workflow. The group is formed from the remaining episodes (a smaller group), because re-running
+  no sample and is counted as dropped (``episode_error``, or ``env_timeout`` when an env call ran
+  past ``rollout.env_timeout_s``) for each trainable policy of the workflow. The group is formed from the remaining episodes (a smaller group), because re-running
   only the failed episodes would mix episodes from different attempts and versions.
 - Each role trajectory becomes one sample of the role's policy; when one policy plays several
   roles, all its role samples join the same group. Frozen policies' samples are not buffered
@@ -148,9 +148,10 @@ def _insert_samples(
 ) -> int:
     roles = ctx.config.roles
     if ep.error is not None:
+        reason = "env_timeout" if ep.finish_reason == "env_timeout" else "episode_error"
         for policy in ctx.config.workflow_policies:
             if ctx.config.is_trainable(policy):
-                state.count_drop(tx, policy, "episode_error")
+                state.count_drop(tx, policy, reason)
         return 0
     rows = []
     for traj, a in zip(ep.trajectories, arrays, strict=True):

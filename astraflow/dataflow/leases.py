@@ -12,7 +12,7 @@ import json
 
 from astraflow.dataflow import state
 from astraflow.dataflow.context import Context
-from astraflow.dataflow.errors import Invalid, NotFound
+from astraflow.dataflow.errors import DataflowError, Invalid, NotFound
 from astraflow.dataflow.feeder import load_task
 from astraflow.dataflow.policies import TaskView
 from astraflow.dataflow.store import Tx
@@ -41,7 +41,17 @@ def expire_overdue(ctx: Context, tx: Tx) -> int:
     tx.executemany("UPDATE leases SET state='expired' WHERE id=?", [(r[0],) for r in rows])
     for task_id in {r[1] for r in rows}:
         requeue_if_orphaned(tx, task_id)
+    wake_after_commit(ctx, tx)
     return len(rows)
+
+
+def wake_after_commit(ctx: Context, tx: Tx) -> None:
+    """Tasks went back to the queue: once this transaction commits, wake waiting lease requests.
+
+    Expiry happens inside whichever operation notices it first (a heartbeat, a lease, the sweeper),
+    so the wake-up is attached to the transaction rather than to any one endpoint."""
+    if ctx.wake is not None and ctx.wake not in tx.after_commit:
+        tx.after_commit.append(ctx.wake)
 
 
 def requeue_if_orphaned(tx: Tx, task_id: str) -> None:
@@ -67,12 +77,21 @@ def nodes_done(ctx: Context, tx: Tx) -> bool:
     return ctx.now() - since >= ctx.config.done_grace_s
 
 
-def touch_node(ctx: Context, tx: Tx, node_id: str, versions: dict[str, int] | None) -> None:
+def touch_node(
+    ctx: Context, tx: Tx, node_id: str, versions: dict[str, int] | None, *, update: bool = True
+) -> None:
+    """Check that the node is registered and active; with ``update``, record that it is alive.
+
+    Re-attempts of a parked lease request pass ``update=False``: the request already touched the
+    node when it arrived (heartbeats keep it alive meanwhile), and a read-only attempt commits
+    without writing to the WAL."""
     row = tx.one("SELECT state FROM nodes WHERE id=?", (node_id,))
     if row is None:
         raise NotFound(f"unknown node {node_id!r}; register with POST /nodes first", "node_id")
     if row[0] != "active":
         raise NotFound(f"node {node_id!r} has deregistered; register again", "node_id")
+    if not update:
+        return
     if versions:
         tx.execute(
             "UPDATE nodes SET last_heartbeat=?, versions=? WHERE id=?",
@@ -179,19 +198,98 @@ def _training_candidates(ctx: Context, tx: Tx, want: int, round_: int | None) ->
 
 
 def grant(ctx: Context, tx: Tx, req: LeaseRequest) -> LeaseGrant:
-    cached = state.remembered(tx, req.idempotency_key, "lease")
-    if cached is not None:
-        return LeaseGrant.model_validate(state.unpack(cached))
-    touch_node(ctx, tx, req.node_id, req.versions)
+    """One lease request, answered now (no waiting); raises the request's error."""
+    (outcome,), _ = serve(ctx, tx, [req])
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+def serve(
+    ctx: Context, tx: Tx, reqs: list[LeaseRequest], *, touch: bool = True
+) -> tuple[list[LeaseGrant | Exception], float | None]:
+    """Answer lease requests in the given (FIFO) order within one transaction.
+
+    Returns one outcome per request (a grant, possibly empty, or the request's error) and, when
+    the run will be over after the done grace period with nothing else happening, the clock time
+    at which that happens (so the service can wake parked requests then; nothing else signals it).
+
+    Why one pass for many requests: the service parks empty-handed lease requests and re-serves
+    them all together after each event that may have created work. One transaction (and one store
+    round trip) per event then serves every waiting node, first come first served, instead of one
+    transaction per waiting node per event (a thundering herd on the single writer thread). Work
+    available to a request depends only on the versions it holds, so once one request with given
+    versions comes back empty, later ones with the same versions get that same empty answer
+    without another scan.
+    """
     expire_overdue(ctx, tx)
-    now = ctx.now()
     latest = state.latest_versions(tx)
-    reply = LeaseGrant(latest_versions=latest, weight_locations=state.weight_locations(tx))
-    if nodes_done(ctx, tx):
-        reply.done = True
-        reply.reason = "run complete: every trainable policy reached run.max_steps"
-        _remember(ctx, tx, req, reply)
-        return reply
+    locations = state.weight_locations(tx)
+    done = nodes_done(ctx, tx)
+    empty: dict[tuple, LeaseGrant] = {}
+    outcomes: list[LeaseGrant | Exception] = []
+    for req in reqs:
+        cached = state.remembered(tx, req.idempotency_key, "lease")
+        if cached is not None:
+            outcomes.append(LeaseGrant.model_validate(state.unpack(cached)))
+            continue
+        try:
+            touch_node(ctx, tx, req.node_id, req.versions, update=touch)
+        except DataflowError as exc:
+            outcomes.append(exc)
+            continue
+        if done:
+            outcomes.append(
+                LeaseGrant(
+                    latest_versions=latest,
+                    weight_locations=locations,
+                    done=True,
+                    reason="run complete: every trainable policy reached run.max_steps",
+                )
+            )
+            continue
+        key = tuple(sorted(req.versions.items()))
+        if key in empty:
+            outcomes.append(empty[key])
+            continue
+        tx.execute("SAVEPOINT lease_request")
+        try:
+            reply = _attempt(ctx, tx, req, latest, locations)
+        except Exception as exc:  # this request's error; the others in the pass still run
+            tx.execute("ROLLBACK TO lease_request")
+            tx.execute("RELEASE lease_request")
+            outcomes.append(exc)
+            continue
+        tx.execute("RELEASE lease_request")
+        if reply.leases:
+            _remember(ctx, tx, req, reply)
+        else:
+            empty[key] = reply
+        outcomes.append(reply)
+    return outcomes, None if done else done_at(ctx, tx)
+
+
+def done_at(ctx: Context, tx: Tx) -> float | None:
+    """When :func:`nodes_done` turns true by the clock alone (training over, no evaluation
+    outstanding, only the grace period left), else None."""
+    at = tx.get_meta("training_done_at")
+    if at is None or state.outstanding_evals(tx):
+        return None
+    if not state.training_done(tx, ctx.config, ctx.feeder.exhausted(tx)):
+        return None
+    return float(at) + ctx.config.done_grace_s
+
+
+def _attempt(
+    ctx: Context,
+    tx: Tx,
+    req: LeaseRequest,
+    latest: dict[str, int],
+    locations: dict[str, str],
+) -> LeaseGrant:
+    """Grant what this request may take now (admission control, sync round, backpressure)."""
+    now = ctx.now()
+    reply = LeaseGrant(latest_versions=latest, weight_locations=locations)
     chosen = list(_eval_candidates(tx, req, req.max_tasks))
     remaining = req.max_tasks - len(chosen)
     reason = None
@@ -241,11 +339,14 @@ def grant(ctx: Context, tx: Tx, req: LeaseRequest) -> LeaseGrant:
         else:
             reason = "no pending tasks right now"
     reply.reason = reason
-    _remember(ctx, tx, req, reply)
     return reply
 
 
 def _remember(ctx: Context, tx: Tx, req: LeaseRequest, reply: LeaseGrant) -> None:
+    """Keep a grant that handed out leases, so a retry (same key) gets the same leases.
+
+    Empty replies are not kept: recomputing one hands out nothing twice, and a parked request's
+    re-attempts must not be answered from an earlier empty attempt."""
     if req.idempotency_key:
         state.remember(
             tx, req.idempotency_key, "lease", state.pack(reply.model_dump(mode="json")), ctx.now()
@@ -302,6 +403,8 @@ def release(ctx: Context, tx: Tx, req: LeaseRelease) -> int:
             tx.execute("UPDATE leases SET state='released' WHERE id=?", (lease_id,))
             requeue_if_orphaned(tx, row[1])
             released += 1
+    if released:
+        wake_after_commit(ctx, tx)
     return released
 
 

@@ -1,14 +1,17 @@
 """The dataflow service's operations, independent of HTTP.
 
 Each public coroutine runs one operation as a transaction on the store's writer thread (see
-:mod:`astraflow.dataflow.store`) and returns only after the commit. Long polls wait on a signal
-raised after every commit, then try again.
+:mod:`astraflow.dataflow.store`) and returns only after the commit. Long polls (batch and lease
+requests with ``wait_s``) wait outside any transaction for a signal raised by the operations that
+can create what they wait for (pushes, acks, version announcements, released or expired leases,
+evaluation requests), then try again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from astraflow.dataflow import batching, evaluations, ingest, leases, state
@@ -39,8 +42,29 @@ from astraflow.protocol import (
     new_id,
 )
 
-#: Minimum pause between two attempts of one long-polling batch request.
-LONG_POLL_COALESCE_S = 0.05
+
+@dataclass(eq=False)
+class _LeaseWaiter:
+    """A parked lease request: answered by the lease dispatcher (see :meth:`DataflowService.lease`)."""
+
+    req: LeaseRequest
+    fut: asyncio.Future
+    #: the latest empty answer, returned when the wait runs out
+    last: LeaseGrant
+    #: a dispatch pass that includes this request is under way
+    in_pass: bool = False
+    #: the wait ran out during such a pass: the pass answers it whatever it finds
+    expired: bool = False
+
+
+def _throttle(loop: asyncio.AbstractEventLoop, last_start: float, last_end: float) -> float:
+    """How long to hold a scan that follows another one back to back.
+
+    Under load every push signals, and a scan per push would cost more than the pushes themselves.
+    Spacing scans by at least one scan's duration (measured end to end, store queueing included)
+    caps scanning at about half the writer's time, and coalesces every signal raised meanwhile into
+    the next scan; a signal after an idle spell is served at once (no fixed delay)."""
+    return max(0.0, last_end + (last_end - last_start) - loop.time())
 
 
 class DataflowService:
@@ -61,6 +85,13 @@ class DataflowService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
         self._sweeper: asyncio.Task | None = None
+        #: parked lease requests, oldest first (dicts keep insertion order)
+        self._lease_waiters: dict[int, _LeaseWaiter] = {}
+        self._lease_kick: asyncio.Event | None = None
+        self._lease_dispatcher: asyncio.Task | None = None
+        self._done_timer: asyncio.TimerHandle | None = None
+        #: bumped by every signal: a request that saw no work re-checks if it moved meanwhile
+        self._generation = 0
         self.store.call(self._init)
 
     def _init(self, tx: Tx) -> None:
@@ -72,24 +103,54 @@ class DataflowService:
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._changed = asyncio.Event()
+        self._lease_kick = asyncio.Event()
+        self.ctx.wake = lambda: loop.call_soon_threadsafe(self._signal)
         self._sweeper = asyncio.create_task(self._sweep())
+        self._lease_dispatcher = asyncio.create_task(self._dispatch_leases())
 
     async def stop(self) -> None:
-        if self._sweeper:
-            self._sweeper.cancel()
-            try:
-                await self._sweeper
-            except asyncio.CancelledError:
-                pass
+        if self._done_timer is not None:
+            self._done_timer.cancel()
+        for task in (self._sweeper, self._lease_dispatcher):
+            if task:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        self.ctx.wake = None
         self.store.close()
 
     def _signal(self) -> None:
-        """Wake long-polling batch requests: something they wait for may have changed."""
+        """Wake long polls (batch and lease requests): something they wait for may have changed.
+
+        Called on the event loop after the commit of every operation that can create work:
+        pushes, acks, version announcements, evaluation requests, and (through ``ctx.wake``, from
+        the writer thread) anything that put leased tasks back on the queue."""
+        self._generation += 1
         if self._changed is not None:
             self._changed.set()
             self._changed = asyncio.Event()
+        if self._lease_kick is not None and self._lease_waiters:
+            self._lease_kick.set()
+
+    def _wake_at(self, at: float | None) -> None:
+        """Signal when the run turns done by the clock alone (the done grace period ends)."""
+        if at is None or self._loop is None or not self._lease_waiters:
+            return
+        delay = max(0.001, at - self.ctx.now() + 0.001)
+        when = self._loop.time() + delay
+        if self._done_timer is not None and self._done_timer.when() <= when:
+            return
+        if self._done_timer is not None:
+            self._done_timer.cancel()
+        self._done_timer = self._loop.call_at(when, self._done_timer_fired)
+
+    def _done_timer_fired(self) -> None:
+        self._done_timer = None
+        self._signal()
 
     async def _sweep(self) -> None:
         interval = max(0.05, min(1.0, self.config.lease_timeout_s / 4))
@@ -102,9 +163,8 @@ class DataflowService:
                     await self.store.run(lambda tx: state.prune_idempotency(tx, self.ctx.now()))
                 except Exception:  # pruning is housekeeping; never stop the sweeper
                     pass
-            try:
-                if await self.store.run(lambda tx: leases.expire_overdue(self.ctx, tx)):
-                    self._signal()
+            try:  # expiry wakes parked lease requests through ctx.wake
+                await self.store.run(lambda tx: leases.expire_overdue(self.ctx, tx))
             except Exception:  # keep sweeping; the next lease call expires leases too
                 pass
 
@@ -138,13 +198,89 @@ class DataflowService:
             tx.execute("UPDATE nodes SET state='left' WHERE id=?", (node_id,))
             return Ack(detail=f"node left; {n} lease(s) returned to the queue")
 
-        return await self.store.run(op)
+        result = await self.store.run(op)
+        self._signal()  # its leases went back to the queue; its own parked request gets a 404
+        return result
 
     # -- leases and pushes --------------------------------------------------------------------
     async def lease(self, req: LeaseRequest) -> LeaseGrant:
-        return await self.store.run(lambda tx: leases.grant(self.ctx, tx, req))
+        """Grant what the node may take now; with ``req.wait_s``, wait for work if there is none.
+
+        A request that comes back empty parks here (outside any transaction) until an event that
+        may have created work for it, then is re-served by :meth:`_dispatch_leases` together with
+        every other parked request, oldest first, in one transaction. It is answered as soon as it
+        gets leases or the run is done, else with its latest empty answer when ``wait_s`` runs out.
+        """
+        generation = self._generation
+        (outcome,), done_at = await self.store.run(lambda tx: leases.serve(self.ctx, tx, [req]))
+        if isinstance(outcome, BaseException):
+            raise outcome
+        if outcome.leases or outcome.done or req.wait_s <= 0 or self._lease_kick is None:
+            return outcome
+        loop = asyncio.get_running_loop()
+        waiter = _LeaseWaiter(req, loop.create_future(), outcome)
+        self._lease_waiters[id(waiter)] = waiter
+        self._wake_at(done_at)
+        if self._generation != generation:  # work may have appeared since the attempt began
+            self._lease_kick.set()
+        try:
+            try:
+                return await asyncio.wait_for(asyncio.shield(waiter.fut), timeout=req.wait_s)
+            except asyncio.TimeoutError:
+                if not waiter.in_pass:
+                    return waiter.last
+                waiter.expired = True  # the pass under way answers it, leases or not
+                return await waiter.fut
+        finally:
+            self._lease_waiters.pop(id(waiter), None)
+
+    async def _dispatch_leases(self) -> None:
+        """Re-serve parked lease requests after each signal, all in one store operation.
+
+        One pass at a time: signals raised while a pass runs coalesce into the next one, and a pass
+        right after another waits out :func:`_throttle`. Granted and errored requests are answered;
+        the rest stay parked, in their original order (first come, first served)."""
+        loop = asyncio.get_running_loop()
+        last_start = last_end = 0.0
+        while True:
+            await self._lease_kick.wait()
+            pause = _throttle(loop, last_start, last_end)
+            if pause > 0:
+                await asyncio.sleep(pause)
+            self._lease_kick.clear()
+            waiters = [w for w in self._lease_waiters.values() if not w.fut.done()]
+            if not waiters:
+                continue
+            reqs = [w.req for w in waiters]
+            for w in waiters:
+                w.in_pass = True
+            last_start = loop.time()
+            try:
+                outcomes, done_at = await self.store.run(
+                    lambda tx, reqs=reqs: leases.serve(self.ctx, tx, reqs, touch=False)
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the store failed: every parked request gets the error
+                outcomes, done_at = [exc] * len(waiters), None
+            finally:
+                last_end = loop.time()
+                for w in waiters:
+                    w.in_pass = False
+            for w, outcome in zip(waiters, outcomes, strict=True):
+                if w.fut.done() or (id(w) not in self._lease_waiters and not w.expired):
+                    continue  # gone (its handler was cancelled); leases granted meanwhile are
+                    # remembered under its idempotency key for a retry, or expire
+                if isinstance(outcome, BaseException):
+                    w.fut.set_exception(outcome)
+                elif outcome.leases or outcome.done or w.expired:
+                    w.fut.set_result(outcome)
+                else:
+                    w.last = outcome
+            self._wake_at(done_at)
 
     async def release(self, req: LeaseRelease) -> Ack:
+        # released tasks wake parked lease requests through ctx.wake (as do deregistrations)
         n = await self.store.run(lambda tx: leases.release(self.ctx, tx, req))
         return Ack(detail=f"{n} lease(s) returned to the queue")
 
@@ -160,19 +296,23 @@ class DataflowService:
         deadline = loop.time() + req.wait_s
         while True:
             changed = self._changed
+            start = loop.time()
             result = await self.store.run(lambda tx: batching.next_batch(self.ctx, tx, req))
             if result is not None:
+                if result.get("batch") is not None:
+                    self._signal()  # its groups left the buffer: backpressure may let nodes lease
                 return result
-            remaining = deadline - loop.time()
+            end = loop.time()
+            remaining = deadline - end
             if remaining <= 0 or changed is None:
                 return batching.reply(reason="not enough groups yet; ask again")
             try:
                 await asyncio.wait_for(changed.wait(), timeout=remaining)
             except asyncio.TimeoutError:
                 continue
-            # Coalesce wake-ups: under load every push signals, and a scan per push would cost
-            # more than the pushes themselves.
-            await asyncio.sleep(min(LONG_POLL_COALESCE_S, max(0.0, deadline - loop.time())))
+            pause = min(_throttle(loop, start, end), deadline - loop.time())
+            if pause > 0:
+                await asyncio.sleep(pause)
 
     async def ack(self, batch_id: str, req: BatchAck) -> Ack:
         result = await self.store.run(lambda tx: batching.ack(self.ctx, tx, batch_id, req))
@@ -206,13 +346,39 @@ class DataflowService:
         return result
 
     async def request_evaluation(self, req: EvaluationRequest) -> EvaluationResult:
-        return await self.store.run(lambda tx: evaluations.request(self.ctx, tx, req))
+        result = await self.store.run(lambda tx: evaluations.request(self.ctx, tx, req))
+        self._signal()  # new evaluation tasks
+        return result
 
     async def evaluations(self, policy: str | None = None) -> list[EvaluationResult]:
         return await self.store.run(lambda tx: evaluations.list_all(tx, policy))
 
     async def evaluation(self, eval_id: str) -> EvaluationResult:
         return await self.store.run(lambda tx: evaluations.get(tx, eval_id))
+
+    async def wait_done(self, wait_s: float) -> bool:
+        """Long poll for the end of the run: True as soon as nodes may leave, False after wait_s.
+
+        Trainers keep serving their weights until then and the launcher declares the run over
+        then, so both wait here instead of polling ``/status`` on a timer. The run ends through an
+        ack or push (they signal) or, after those, when the done grace period runs out (a timed
+        wait to exactly then)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(max(wait_s, 0.0), 600.0)
+        while True:
+            changed = self._changed
+            done, at = await self.store.run(
+                lambda tx: (leases.nodes_done(self.ctx, tx), leases.done_at(self.ctx, tx))
+            )
+            remaining = deadline - loop.time()
+            if done or remaining <= 0 or changed is None:
+                return done
+            if at is not None:  # 10 ms floor: no tight loop should the clock disagree
+                remaining = min(remaining, max(0.01, at - self.ctx.now() + 0.001))
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=remaining)
+            except asyncio.TimeoutError:
+                pass
 
     async def status(self) -> status_mod.DataflowStatus:
         doc = await self.store.run(lambda tx: status_mod.build(self.ctx, tx))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import secrets
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -168,13 +169,15 @@ class LocalLauncher:
         )
 
     # ------------------------------------------------------------------ watch
-    def status(self) -> dict | None:
+    def status(self, wait_done_s: float = 0.0) -> dict | None:
+        """The service's status; with ``wait_done_s``, answered as soon as the run is done."""
         assert self.handle
         try:
             r = httpx.get(
                 f"{self.handle.url}/status",
+                params={"wait_done_s": wait_done_s} if wait_done_s > 0 else None,
                 headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json"},
-                timeout=5.0,
+                timeout=5.0 + wait_done_s,
             )
             return r.json() if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
@@ -215,7 +218,25 @@ class LocalLauncher:
                 return "done"
             if timeout_s is not None and time.time() - start > timeout_s:
                 return "timeout"
-            time.sleep(poll_s)
+            self._pause(st, trainers, poll_s)
+
+    def _pause(self, st: dict | None, trainers: list[Service], poll_s: float) -> None:
+        """Until the next thing that can end the run, at most ``poll_s`` (the live view's refresh
+        and the crash checks run at least that often). Before the service says done, that is a
+        long poll it answers the moment the run is done; after, the trainers' exits (a process
+        wait, not a timer)."""
+        alive = [t for t in trainers if t.alive() and t.proc is not None]
+        if not (st and st.get("done")):
+            t0 = time.time()
+            if self.status(wait_done_s=poll_s) is None:  # service unreachable: plain pause
+                time.sleep(max(0.0, poll_s - (time.time() - t0)))
+        elif alive:
+            try:
+                alive[0].proc.wait(timeout=poll_s)
+            except subprocess.TimeoutExpired:
+                pass
+        else:
+            time.sleep(poll_s)  # done, trainers gone: waiting on the grace period or the nodes
 
     # ------------------------------------------------------------------ stop
     def stop(self) -> dict[str, int | None]:

@@ -84,6 +84,11 @@ class _Call:
     params: dict[str, str] | None = None
 
 
+def _status_call(wait_done_s: float) -> _Call:
+    params = {"wait_done_s": repr(float(wait_done_s))} if wait_done_s > 0 else None
+    return _Call("GET", "/status", params=params, extra_timeout=wait_done_s)
+
+
 def _model(cls: type[M], obj: M | None, fields: dict[str, Any]) -> M:
     if obj is not None:
         if fields:
@@ -128,7 +133,8 @@ class _ClientBase:
     def _lease(self, req: LeaseRequest):
         if req.idempotency_key is None:
             req = req.model_copy(update={"idempotency_key": new_id("lease-req")})
-        return self._post("/leases", req, LeaseGrant)
+        # the request may wait up to wait_s at the service before the reply starts
+        return self._post("/leases", req, LeaseGrant, extra_timeout=req.wait_s)
 
     def _next_batch(self, req: BatchRequest):
         return self._post("/batches", req, BatchReply, extra_timeout=req.wait_s)
@@ -191,7 +197,9 @@ class DataflowClient(_ClientBase):
     ``max_connections`` is small on purpose: calls to the service take milliseconds, so a few
     keep-alive connections carry a whole node, while httpcore checks every pooled connection for
     every queued request (profiled: with 64 connections that bookkeeping was 20% of a rollout
-    node's event-loop CPU, taken from the engine sharing its core).
+    node's event-loop CPU, taken from the engine sharing its core). A node parks at most one
+    long-polling lease request (``wait_s``), which holds one connection; heartbeats, pushes and
+    the rest share the others, so a parked lease never delays a heartbeat.
     """
 
     def __init__(
@@ -313,8 +321,9 @@ class DataflowClient(_ClientBase):
     async def evaluation(self, eval_id: str) -> EvaluationResult:
         return await self._execute(_Call("GET", f"/evaluations/{eval_id}", reply=EvaluationResult))
 
-    async def status(self) -> dict:
-        return await self._execute(_Call("GET", "/status"))
+    async def status(self, wait_done_s: float = 0.0) -> dict:
+        """``GET /status``; with ``wait_done_s``, answered as soon as the run is done (or then)."""
+        return await self._execute(_status_call(wait_done_s))
 
     async def recipe(self) -> Recipe:
         """The run's resolved recipe (``GET /recipe``), so a node needs only URL and token."""
@@ -420,8 +429,9 @@ class SyncDataflowClient(_ClientBase):
     def evaluation(self, eval_id: str) -> EvaluationResult:
         return self._execute(_Call("GET", f"/evaluations/{eval_id}", reply=EvaluationResult))
 
-    def status(self) -> dict:
-        return self._execute(_Call("GET", "/status"))
+    def status(self, wait_done_s: float = 0.0) -> dict:
+        """``GET /status``; with ``wait_done_s``, answered as soon as the run is done (or then)."""
+        return self._execute(_status_call(wait_done_s))
 
     def recipe(self) -> Recipe:
         """The run's resolved recipe (``GET /recipe``)."""

@@ -58,6 +58,15 @@ class LeaseRequest(WireModel):
     idempotency_key: str | None = Field(
         default=None, max_length=128, description="A retry with the same key gets the same leases"
     )
+    wait_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=600.0,
+        description=(
+            "Long-poll: when nothing may be leased now, wait at the service up to this long for "
+            "work this node may take (answered at once when it appears), then reply empty"
+        ),
+    )
 
 
 class LeaseGrant(WireModel):

@@ -122,9 +122,11 @@ class Episode(WireModel):
     task_id: str
     trajectories: list[Trajectory] = Field(default_factory=list, max_length=64)
     rewards: dict[str, float] = Field(default_factory=dict, description="Reward per role")
-    finish_reason: Literal["terminated", "truncated", "turn_limit", "length", "error"] = (
-        "terminated"
-    )
+    #: ``error``: the workflow or env raised; ``env_timeout``: an env call ran past
+    #: ``rollout.env_timeout_s`` (both carry ``error`` and yield no sample)
+    finish_reason: Literal[
+        "terminated", "truncated", "turn_limit", "length", "error", "env_timeout"
+    ] = "terminated"
     error: str | None = Field(default=None, max_length=8192)
     info: dict[str, Any] = Field(default_factory=dict)
     metrics: dict[str, float] = Field(default_factory=dict, description="Timings and counters")

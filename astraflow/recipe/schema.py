@@ -101,9 +101,100 @@ class TaskSetConfig(Section):
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
+_LATENCY_PARAMS = {
+    "lognormal": ("mu", "sigma"),
+    "fixed": ("value_s",),
+    "uniform": ("low_s", "high_s"),
+    "pareto": ("scale_s", "alpha"),
+}
+
+
+class EnvLatencyConfig(Section):
+    """``[tasks.env_latency]``: a per-call delay in front of every env (``envs.wrappers.latency``),
+    e.g. to give a fast env the I/O-bound, long-tailed tool latency of real agentic tasks.
+
+    Each distribution takes ``p50_s`` and ``p99_s`` (median and 99th percentile) or its own
+    parameters: lognormal ``mu``, ``sigma``; fixed ``value_s`` (or ``p50_s``); uniform ``low_s``,
+    ``high_s``; pareto ``scale_s``, ``alpha``. Nothing given: lognormal, p50 0.3 s, p99 5 s."""
+
+    distribution: Literal["lognormal", "fixed", "uniform", "pareto"] = "lognormal"
+    p50_s: float | None = Field(default=None, gt=0.0, description="Median delay (seconds)")
+    p99_s: float | None = Field(default=None, gt=0.0, description="99th percentile (seconds)")
+    mu: float | None = Field(default=None, description="lognormal: mean of ln(delay)")
+    sigma: float | None = Field(default=None, gt=0.0, description="lognormal: std of ln(delay)")
+    value_s: float | None = Field(default=None, ge=0.0, description="fixed: the delay")
+    low_s: float | None = Field(default=None, ge=0.0, description="uniform: lower bound")
+    high_s: float | None = Field(default=None, ge=0.0, description="uniform: upper bound")
+    scale_s: float | None = Field(default=None, gt=0.0, description="pareto: minimum delay")
+    alpha: float | None = Field(default=None, gt=0.0, description="pareto: tail index")
+    max_s: float | None = Field(default=None, gt=0.0, description="Cap on every delay (a timeout)")
+    seed: int | None = Field(
+        default=None, ge=0, description="Seed of the delay streams; default run.seed"
+    )
+    on: list[Literal["step", "reset"]] = Field(
+        default_factory=lambda: ["step"], description="Which env calls are delayed"
+    )
+    inner: Literal["thread", "inline"] = Field(
+        default="thread",
+        description="After an async delay, run a sync env in a thread pool or on the event loop "
+        "(inline: only for envs whose calls take microseconds)",
+    )
+
+    @model_validator(mode="after")
+    def _params_fit_distribution(self) -> EnvLatencyConfig:
+        name = self.distribution
+        own = _LATENCY_PARAMS[name]
+        foreign = [
+            k
+            for params in _LATENCY_PARAMS.values()
+            for k in params
+            if k not in own and getattr(self, k) is not None
+        ]
+        if foreign:
+            raise ValueError(
+                f"{name} latency does not take {sorted(set(foreign))}; its parameters are "
+                f"{', '.join(own)} (or {'p50_s' if name == 'fixed' else 'p50_s and p99_s'})"
+            )
+        given = [k for k in own if getattr(self, k) is not None]
+        quantiles = [k for k in ("p50_s", "p99_s") if getattr(self, k) is not None]
+        if given and quantiles:
+            raise ValueError(
+                f"{name} latency: give either {' and '.join(own)} or p50_s and p99_s, not both"
+            )
+        if given and len(given) != len(own):
+            raise ValueError(f"{name} latency needs all of {', '.join(own)}; got only {given}")
+        if name == "fixed":
+            if self.p99_s is not None:
+                raise ValueError("fixed latency takes value_s (or p50_s), not p99_s")
+            if not given and self.p50_s is None:
+                raise ValueError("fixed latency needs value_s (or p50_s)")
+            return self
+        if len(quantiles) == 1:
+            raise ValueError(f"{name} latency: give both p50_s and p99_s, or neither")
+        if quantiles and not self.p50_s < self.p99_s:
+            raise ValueError(
+                f"latency p99_s ({self.p99_s}) must be greater than p50_s ({self.p50_s})"
+            )
+        if not given and not quantiles and name != "lognormal":
+            raise ValueError(f"{name} latency needs {' and '.join(own)}, or p50_s and p99_s")
+        if name == "uniform" and given and self.low_s > self.high_s:
+            raise ValueError(
+                f"uniform latency needs low_s <= high_s, got {self.low_s} > {self.high_s}"
+            )
+        if name == "uniform" and quantiles and self.p50_s - (self.p99_s - self.p50_s) / 0.98 < 0:
+            raise ValueError(
+                f"uniform latency with p50_s={self.p50_s}, p99_s={self.p99_s} would reach below "
+                "0 s; give low_s and high_s instead"
+            )
+        return self
+
+
 class TasksConfig(Section):
     env: str = Field(default="astraflow/Math-v0", description="Env id the tasks run in")
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    env_latency: EnvLatencyConfig | None = Field(
+        default=None, description="Per-call delay added to every env (none by default)"
+    )
     sets: list[TaskSetConfig] = Field(
         default_factory=lambda: [TaskSetConfig(name="arith")], min_length=1
     )
@@ -149,6 +240,18 @@ class RolloutConfig(Section):
     concurrency: int = Field(default=16, ge=1, description="Episodes in flight per node")
     region: str = "local"
     device: str = "auto"
+    env_workers: int = Field(
+        default=32,
+        ge=1,
+        description="Threads per node running sync env calls (reset/step/close, env construction) "
+        "off the node's event loop; envs with async areset/astep need none",
+    )
+    env_timeout_s: float = Field(
+        default=120.0,
+        gt=0.0,
+        description="Limit of one env call; past it the env is closed (its sandbox killed) and "
+        "the episode is recorded with finish_reason 'env_timeout'",
+    )
 
 
 class EvaluationConfig(Section):

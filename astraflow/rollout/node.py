@@ -23,7 +23,9 @@ from astraflow.protocol import (
     NodeRegistration,
     Task,
     TrajectoryPush,
+    new_id,
 )
+from astraflow.rollout.env_runner import EnvCallTimeout, EnvRunner
 from astraflow.rollout.workflows.base import RolePolicy, WorkflowSpec
 
 log = logging.getLogger("astraflow.rollout.node")
@@ -47,6 +49,8 @@ class ServedPolicy:
 class NodeStats:
     episodes: int = 0
     errors: int = 0
+    #: episodes cut because an env call ran past ``rollout.env_timeout_s`` (also in ``errors``)
+    env_timeouts: int = 0
     pushes: int = 0
     tokens: int = 0
     weight_updates: int = 0
@@ -57,6 +61,7 @@ class NodeStats:
         return {
             "episodes": self.episodes,
             "errors": self.errors,
+            "env_timeouts": self.env_timeouts,
             "pushes": self.pushes,
             "episodes_per_s": self.episodes / elapsed,
             "tokens_per_s": self.tokens / elapsed,
@@ -77,10 +82,16 @@ class NodeSettings:
     #: on SIGTERM: how long in-flight groups may run on before their leases are released
     #: (a second SIGTERM/SIGINT releases them at once)
     drain_timeout_s: float = 60.0
-    idle_poll_s: float = 0.5
+    #: long poll: how long a lease request may wait at the dataflow service for work before it is
+    #: answered empty (and asked again at once); work that appears meanwhile is granted at once
+    lease_wait_s: float = 10.0
     #: how long a push that fails at the network level is retried (same idempotency key, so it
     #: lands at most once); past this the lease is left to expire and another node redoes the task
     push_retry_s: float = 120.0
+    #: threads running sync env calls at once (recipe ``rollout.env_workers``)
+    env_workers: int = 32
+    #: limit of one env call (recipe ``rollout.env_timeout_s``; None = unbounded)
+    env_timeout_s: float | None = 120.0
 
 
 class RolloutNode:
@@ -91,14 +102,21 @@ class RolloutNode:
         client: Any,
         policies: Mapping[str, ServedPolicy],
         workflows: Callable[[str], WorkflowSpec],
-        make_env: Callable[[str, dict[str, Any]], Any],
+        make_env: Callable[[str, dict[str, Any]], Any] | EnvRunner,
         settings: NodeSettings,
         weight_fetcher: Callable[[str, str, int, int], Any] | None = None,
     ):
         self.client = client
         self.policies = dict(policies)
         self.workflows = workflows
-        self.make_env = make_env
+        # ``make_env`` is the plain (sync) env factory; workflows get the runner's async one, so
+        # no env call ever runs on this loop (see astraflow/rollout/env_runner.py).
+        self.env_runner = (
+            make_env
+            if isinstance(make_env, EnvRunner)
+            else EnvRunner(make_env, workers=settings.env_workers, timeout_s=settings.env_timeout_s)
+        )
+        self.make_env = self.env_runner.make
         self.settings = settings
         self.weight_fetcher = weight_fetcher
         self.stats = NodeStats()
@@ -116,6 +134,10 @@ class RolloutNode:
         self._failure: BaseException | None = None
         self._weights_lock = asyncio.Lock()
         self._new_version = asyncio.Event()
+        #: set when a lease's slots free up (the lease loop waits on it while every slot is busy)
+        self._slot_freed = asyncio.Event()
+        #: set when an engine loaded new weights (a parked lease request then carries old versions)
+        self._weights_changed = asyncio.Event()
 
     # ---------------------------------------------------------------- lifecycle
     def versions(self) -> dict[str, int]:
@@ -171,6 +193,7 @@ class RolloutNode:
                 await self._drain()
                 heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
+            self.env_runner.shutdown()
             if self._failure is None:
                 try:
                     await self.client.deregister(self.node_id)
@@ -335,6 +358,7 @@ class RolloutNode:
                             f"engine for {name} failed to load version {want}: {exc}"
                         ) from exc
                 self.stats.weight_updates += 1
+                self._weights_changed.set()
                 done = time.perf_counter()
                 log.info(
                     "policy %s: v%d -> v%d (%s) in %.2fs (fetch %.3fs, load %.3fs)",
@@ -349,38 +373,79 @@ class RolloutNode:
 
     # ---------------------------------------------------------------- leasing
     async def _lease_loop(self) -> None:
+        """Ask for work with a long poll; start each granted group at once.
+
+        The service does the waiting: a request parks there up to ``lease_wait_s`` and is answered
+        the moment work this node may take appears, so an empty reply means nothing came up and
+        the loop asks again straight away. While every slot is busy the loop waits for one to free.
+        When this node's weights change under a parked request (it carries the old versions, which
+        admission control or a sync round may refuse), the request is re-sent with the new versions
+        under the same idempotency key: leases the first one was granted meanwhile come back to
+        this node instead of staying held by it unseen."""
+        backoff = 0.0
+        key: str | None = None
         while not self._stopping.is_set() and not self._done.is_set():
             free = self.settings.concurrency - self._busy_slots
             if free <= 0:
-                await asyncio.sleep(0.01)
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
                 continue
+            key = key or new_id("lease-req")
+            self._weights_changed.clear()
+            request = LeaseRequest(
+                node_id=self.node_id,
+                max_tasks=free,
+                versions=self.versions(),
+                idempotency_key=key,
+                wait_s=self.settings.lease_wait_s,
+            )
+            asked = time.monotonic()
             try:
-                grant = await self.client.lease(
-                    LeaseRequest(
-                        node_id=self.node_id, max_tasks=max(1, free), versions=self.versions()
-                    )
-                )
+                grant = await self._ask(request)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
-                log.warning("lease request failed: %s", exc)
-                await asyncio.sleep(self.settings.idle_poll_s)
+            except Exception as exc:  # network trouble: bounded backoff, same key
+                backoff = min(max(0.5, backoff * 2), 10.0)
+                log.warning("lease request failed: %s (retrying in %.1fs)", exc, backoff)
+                await asyncio.sleep(backoff)
                 continue
+            if grant is None:  # weights changed while parked: ask again with the new versions
+                continue
+            key = None
             self._note_versions(grant.latest_versions, getattr(grant, "weight_locations", None))
             if grant.done:
-                # wait for in-flight work, then leave
+                # wait for in-flight work (each task leaves _in_flight when it ends), then leave
                 while self._in_flight:
-                    await asyncio.sleep(0.05)
+                    await asyncio.wait(list(self._in_flight.values()))
                 self._done.set()
                 return
             if not grant.leases:
-                await asyncio.sleep(self.settings.idle_poll_s)
+                if time.monotonic() - asked < min(1.0, self.settings.lease_wait_s / 2):
+                    # answered empty without waiting (lease_wait_s = 0, or a service that does not
+                    # long-poll): back off rather than spin
+                    backoff = min(max(0.5, backoff * 2), 10.0)
+                    await asyncio.sleep(backoff)
                 continue
+            backoff = 0.0
             for lease in grant.leases:
                 slots = self._slots(lease.task)
                 self._busy_slots += slots
                 task = asyncio.create_task(self._run_lease(lease, slots), name=lease.id)
                 self._in_flight[lease.id] = task
+
+    async def _ask(self, request: LeaseRequest):
+        """The service's reply to ``request``, or None if this node's weights changed first (the
+        request is then abandoned; the caller re-sends it with the new versions, same key)."""
+        ask = asyncio.ensure_future(self.client.lease(request))
+        changed = asyncio.ensure_future(self._weights_changed.wait())
+        try:
+            await asyncio.wait({ask, changed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            changed.cancel()
+            if not ask.done():
+                ask.cancel()
+                await asyncio.gather(ask, return_exceptions=True)
+        return None if ask.cancelled() else ask.result()
 
     def _slots(self, task: Task) -> int:
         return min(task.group_size, self.settings.concurrency)
@@ -411,6 +476,7 @@ class RolloutNode:
             log.exception("lease %s failed: %s", lease.id, exc)
         finally:
             self._busy_slots -= slots
+            self._slot_freed.set()
             self._pushing.discard(lease.id)
             self._in_flight.pop(lease.id, None)
 
@@ -455,6 +521,13 @@ class RolloutNode:
             return episode
         except EngineFailure:
             raise
+        except EnvCallTimeout as exc:
+            # Its own finish reason, so the dataflow service counts these drops apart from
+            # crashes: a recipe whose limit is too tight shows up as "env_timeout", not noise.
+            self.stats.errors += 1
+            self.stats.env_timeouts += 1
+            log.warning("episode of %s cut: %s", task.id, exc)
+            return Episode(task_id=task.id, finish_reason="env_timeout", error=str(exc)[:8000])
         except Exception as exc:
             if _is_engine_dead(exc):
                 raise EngineFailure(str(exc)) from exc

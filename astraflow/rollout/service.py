@@ -29,6 +29,9 @@ class NodeOptions:
     torch_threads: int = 1
     #: on SIGTERM, seconds in-flight groups may run on before their leases are released
     drain_timeout_s: float = 60.0
+    #: override the recipe's rollout.env_workers / rollout.env_timeout_s on this node
+    env_workers: int | None = None
+    env_timeout_s: float | None = None
 
 
 #: Exit status of a node whose engine died (its leases are left to expire; see node.py).
@@ -112,6 +115,15 @@ async def _run(opts: NodeOptions, recipe: Recipe | None) -> int:
         def make_env(env_id: str, kwargs: dict[str, Any]):
             return envs.make(env_id, **{**recipe.tasks.env_kwargs, **kwargs})
 
+        if recipe.tasks.env_latency is not None:
+            # [tasks.env_latency]: every env gets a delay stream of its own, seeded by the run
+            # seed, this node's name and the env's number (envs/wrappers/latency.py).
+            from envs.wrappers.latency import LatencyEnvFactory
+
+            make_env = LatencyEnvFactory(
+                make_env, recipe.tasks.env_latency, seed=recipe.run.seed, stream=opts.name
+            )
+
         weight_clients: dict[str, Any] = {}
 
         def fetch(policy: str, location: str, have: int | None, want: int):
@@ -127,6 +139,8 @@ async def _run(opts: NodeOptions, recipe: Recipe | None) -> int:
             workflow_kwargs={"max_turns": recipe.workflow.max_turns, **recipe.workflow.kwargs},
             roles=dict(recipe.workflow.roles),
             drain_timeout_s=opts.drain_timeout_s,
+            env_workers=opts.env_workers or recipe.rollout.env_workers,
+            env_timeout_s=opts.env_timeout_s or recipe.rollout.env_timeout_s,
         )
         node = RolloutNode(client, policies, workflows.get, make_env, settings, fetch)
         try:

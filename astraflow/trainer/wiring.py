@@ -9,7 +9,6 @@ with the run token, and is announced to the dataflow service, which tells the ro
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -79,16 +78,18 @@ def serve_trainer(
         stop()
 
 
-def _wait_for_run_end(client, policy: str, poll_s: float = 1.0) -> None:
+def _wait_for_run_end(client, policy: str, wait_s: float = 30.0) -> None:
+    """Serve weights until the run is done: a long poll (``/status?wait_done_s``) that the service
+    answers the moment the run ends, so this trainer's exit (which the launcher waits for to
+    declare the run over) adds no polling delay."""
     log.info("%s finished training; serving its weights until the run is done", policy)
     while True:
         try:
-            if client.status().get("done"):
+            if client.status(wait_done_s=wait_s).get("done"):
                 return
         except Exception as exc:  # the service is gone: nobody needs the weights any more
             log.info("stopping the weight server: %s", exc)
             return
-        time.sleep(poll_s)
 
 
 def _request_eval(client, policy: str, version: int) -> None:

@@ -1,4 +1,6 @@
-"""AgentBench v0.2 environments (dbbench, os_interaction), data loaders and evaluation runner.
+"""AgentBench v0.2 environments (dbbench, os_interaction), data loaders, reference solutions
+(:mod:`.oracle`) and AgentBench's metrics (:mod:`.report`). Running evaluations is the rollout
+side's job (:mod:`astraflow.rollout.evaluation.agentbench`); nothing here imports it.
 
 Importing this package is cheap: the env classes load lazily through their entry-point strings.
 """

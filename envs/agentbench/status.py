@@ -1,4 +1,4 @@
-"""Outcome vocabulary shared by the AgentBench envs and the evaluation runner.
+"""Outcome vocabulary shared by the AgentBench envs and astraflow.rollout.evaluation.
 
 The statuses are AgentBench v0.2's sample statuses, so reports read the same as AgentBench's;
 ``skipped`` is ours: a sample whose set-up needs something this machine's sandbox cannot offer.

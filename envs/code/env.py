@@ -1,9 +1,15 @@
 """``astraflow/Code-v0`` and ``astraflow/CodeMultiTurn-v0``: write a function, pass its tests.
 
-The model's reply must contain a fenced ```python block. The code (assembled with the task prompt)
-and the task's tests run in ONE sandbox run (see :mod:`envs.code.harness`); the reward is the
+The model's reply must contain a fenced ```python block (``fence="required"``, the default); with
+``fence="optional"`` a reply without one is taken whole as the code (completion style, e.g. a small
+model continuing the prompt's function body). The code (assembled with the task prompt) and the
+task's tests run in ONE sandbox run (see :mod:`envs.code.harness`); the reward is the
 fraction of tests passed. The multi-turn variant answers a failed attempt with the failing tests and
 their errors and lets the model try again, up to ``max_turns``.
+
+Small-context models: ``instruction`` replaces the text shown around the task prompt (a format
+string with ``{prompt}``; ``"{prompt}"`` shows the bare function to complete) and ``feedback_chars``
+caps the multi-turn feedback message.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ INSTRUCTION = (
     "def line) in a single ```python code block.\n\n```python\n{prompt}```"
 )
 FEEDBACK_LIMIT = 6
+FENCES = ("required", "optional")
 SAMPLE_TASKS = (
     {
         "id": "sample/add",
@@ -67,19 +74,42 @@ class CodeEnv(TextEnv):
         test_timeout_s: float = 10.0,
         memory_mb: int = 512,
         render_mode: str | None = None,
+        fence: str = "required",
+        instruction: str | None = None,
+        feedback_chars: int | None = None,
     ):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
+        if fence not in FENCES:
+            raise ValueError(f"{type(self).__name__}: fence must be one of {FENCES}, got {fence!r}")
+        if instruction is not None and "{prompt}" not in instruction:
+            raise ValueError(
+                f"{type(self).__name__}: instruction must contain '{{prompt}}', got {instruction!r}"
+            )
+        if feedback_chars is not None and feedback_chars < 1:
+            raise ValueError(
+                f"{type(self).__name__}: feedback_chars must be >= 1 or None, got {feedback_chars}"
+            )
+        self.fence = fence
+        self.instruction = INSTRUCTION if instruction is None else instruction
+        self.feedback_chars = feedback_chars
         self.sandbox_choice = sandbox
         self.timeout_s = timeout_s
         self.test_timeout_s = test_timeout_s
         self.memory_mb = memory_mb
         self._sandbox = None
         self._plan = None
+        self._closed = False
 
     # --- sandbox --------------------------------------------------------------------------------
     @property
     def sandbox(self):
         """The backend, chosen on first use (Docker probing costs time; resets never need it)."""
+        if self._closed:
+            # A step still running when the env was closed (a rollout node kills an env call that
+            # ran past rollout.env_timeout_s) must not start a fresh sandbox behind the kill.
+            from envs.code.sandbox import SandboxError
+
+            raise SandboxError(f"{type(self).__name__} was closed; reset it to use it again")
         if self._sandbox is None:
             from envs.code.sandbox import select_backend
 
@@ -88,10 +118,17 @@ class CodeEnv(TextEnv):
         return self._sandbox
 
     def close(self) -> None:
-        if self._sandbox is not None:
-            self._sandbox.close()
-            self._sandbox = None
+        """Release the sandbox; safe to call from another thread while ``step`` runs: the running
+        program is killed (``killed_reason="closed"``) and that ``step`` returns at once."""
+        self._closed = True
+        box, self._sandbox = self._sandbox, None
+        if box is not None:
+            box.close()
         super().close()
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        self._closed = False
+        return super().reset(seed=seed, options=options)
 
     # --- TextEnv --------------------------------------------------------------------------------
     def sample_task(self, rng) -> dict[str, Any]:
@@ -119,7 +156,7 @@ class CodeEnv(TextEnv):
 
     def _reset_task(self, task: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         self._plan = plan_tests(task["tests"])
-        return INSTRUCTION.format(prompt=task["prompt"]), {
+        return self.instruction.replace("{prompt}", task["prompt"]), {
             "task_id": task["id"],
             "n_tests": self._plan.n_tests,
         }
@@ -129,6 +166,8 @@ class CodeEnv(TextEnv):
         from envs.code.sandbox import Limits
 
         code = extract_code(action)
+        if code is None and self.fence == "optional" and action.strip():
+            code = action
         if code is None:
             return {
                 "pass_fraction": 0.0,
@@ -192,7 +231,10 @@ class CodeMultiTurnEnv(CodeEnv):
         last = info["success"] or self.turn >= self.max_turns
         if last:
             return "", info["pass_fraction"], info["success"], info
-        return self.feedback(info), 0.0, False, info
+        text = self.feedback(info)
+        if self.feedback_chars is not None:
+            text = text[: self.feedback_chars]
+        return text, 0.0, False, info
 
     @staticmethod
     def feedback(info: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ CPU path (measure with ``python tests/bench/math_grading.py``).
 
 from __future__ import annotations
 
+import ctypes
 import re
 import threading
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ _ANY_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
 _ANSWER_LINE = re.compile(r"(?:final\s+answer|answer)\s*(?:is|:)\s*(.+)", re.IGNORECASE)
 _HASHES = re.compile(r"####\s*(.+)")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-#: Longest prediction handed to math-verify (off the main thread it runs without a timeout).
+#: Longest prediction handed to math-verify (longer ones are never real answers).
 MAX_SYMBOLIC_CHARS = 300
 #: A short line that reads as an expression rather than prose: at most this many words.
 _MAX_BARE_WORDS = 3
@@ -116,21 +117,97 @@ def _as_latex(expr: str) -> str:
     return f"${expr}$"
 
 
-def _timeout() -> int | None:
-    """math-verify's timeout uses SIGALRM, which only the main thread may set."""
-    return 5 if threading.current_thread() is threading.main_thread() else None
+#: Seconds one math-verify ``parse`` or ``verify`` may take before the answer counts as wrong.
+SYMBOLIC_TIMEOUT_S = 5.0
+
+
+class _Watchdog:
+    """Raises math-verify's ``TimeoutException`` in one thread after ``seconds``.
+
+    Why: math-verify bounds sympy with ``signal.alarm``, which only the main thread may use, so
+    off the main thread (a rollout node steps envs in worker threads) it must run with its own
+    timeout off. sympy is pure Python, so an asynchronous exception
+    (``PyThreadState_SetAsyncExc``) stops it at the next bytecode boundary, exactly where a
+    SIGALRM handler would have raised; math-verify catches its ``TimeoutException`` (a
+    ``BaseException``, so sympy's ``except Exception`` blocks let it through) and reports "no
+    match". Like the signal, it cannot interrupt one long C call (a huge integer power).
+    """
+
+    def __init__(self, seconds: float, exc: type[BaseException]):
+        self.ident = threading.get_ident()
+        self.exc = exc
+        self.fired = False
+        self._armed = True
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._armed:
+                self.fired = True
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self.ident), ctypes.py_object(self.exc)
+                )
+
+    def __enter__(self) -> _Watchdog:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        with self._lock:
+            self._armed = False
+            fired = self.fired
+        self._timer.cancel()
+        if fired:  # delivered already (and caught), or still pending: clear a pending one
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.ident), None)
+
+
+def _bounded(fn, *args, **kwargs):
+    """``fn(*args, timeout=...)`` bounded by ``SYMBOLIC_TIMEOUT_S`` on any thread; None when cut."""
+    from math_verify.errors import TimeoutException
+
+    if threading.current_thread() is threading.main_thread():
+        # math-verify's own SIGALRM timeout (whole seconds)
+        return fn(*args, **kwargs, timeout=max(1, round(SYMBOLIC_TIMEOUT_S)))
+    _quiet_timeout_warning()
+    try:
+        with _Watchdog(SYMBOLIC_TIMEOUT_S, TimeoutException):
+            return fn(*args, **kwargs, timeout=None)
+    except TimeoutException:
+        return None
+
+
+def _quiet_timeout_warning() -> None:
+    """math-verify warns once that "timeout is disabled" when called with None; here it is not
+    disabled (the watchdog bounds the call), so the warning would only mislead."""
+    import math_verify.grader
+    import math_verify.parser
+
+    math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+
+
+def _parse(expr: str, timeout: int | None):
+    from math_verify import parse
+
+    return parse(_as_latex(expr), parsing_timeout=timeout)
+
+
+def _verify(gold, pred, timeout: int | None) -> bool:
+    from math_verify import verify
+
+    return bool(verify(gold, pred, timeout_seconds=timeout))
 
 
 def symbolic_equal(gold: str, pred: str) -> bool:
-    """Equivalence by ``math-verify`` (imported here: it pulls in sympy)."""
-    from math_verify import parse, verify
-
-    timeout = _timeout()
-    gold_parsed = parse(_as_latex(gold), parsing_timeout=timeout)
-    pred_parsed = parse(_as_latex(pred), parsing_timeout=timeout)
+    """Equivalence by ``math-verify`` (imported lazily: it pulls in sympy), each parse and the
+    comparison bounded by ``SYMBOLIC_TIMEOUT_S`` on the main thread and in worker threads alike."""
+    gold_parsed = _bounded(_parse, gold)
+    pred_parsed = _bounded(_parse, pred)
     if not gold_parsed or not pred_parsed:
         return False
-    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout))
+    return bool(_bounded(_verify, gold_parsed, pred_parsed))
 
 
 def answers_match(gold: str, pred: str | None) -> bool:

@@ -135,6 +135,26 @@ def test_error_episodes_counted_and_group_formed_from_rest(client):
     assert st["dropped"] == {"episode_error": 1}
 
 
+def test_env_timeout_episodes_counted_under_their_own_reason(client):
+    """A node cuts an env call past rollout.env_timeout_s with finish_reason env_timeout; the
+    drop is counted apart from crashes, so a limit that is too tight shows in status."""
+    from astraflow.protocol import Episode
+
+    node = _node(client)
+    lease = client.lease(node_id=node, max_tasks=1, versions={"policy": 0}).leases[0]
+    cut = Episode(
+        task_id=lease.task.id,
+        finish_reason="env_timeout",
+        error="env.step took longer than rollout.env_timeout_s = 30s",
+    )
+    eps = group(lease.task.id, [1, 0]) + [cut, episode(lease.task.id, error="env crashed")]
+    assert client.push(node_id=node, lease_id=lease.id, episodes=eps).samples == 2
+    assert client.status()["policies"]["policy"]["dropped"] == {
+        "episode_error": 1,
+        "env_timeout": 1,
+    }
+
+
 def test_lease_expiry_and_late_push(tmp_path):
     recipe = make_recipe(tmp_path, dataflow={"lease_timeout_s": 0.3})
     with (

@@ -33,6 +33,7 @@ def test_openapi_fuzz_produces_no_server_errors(tmp_path):
             )
             @given(case=operation.as_strategy(generation_mode=mode))
             def run(case):
+                _clamp_long_polls(case)
                 response = case.call(base_url=svc.url, headers=auth, timeout=30)
                 if response.status_code >= 500:
                     failures.append(
@@ -47,3 +48,16 @@ def test_openapi_fuzz_produces_no_server_errors(tmp_path):
             checked += 1
         assert checked >= 20
         assert not failures, "\n".join(failures[:10])
+
+
+def _clamp_long_polls(case) -> None:
+    """Long polls (``wait_s`` of batch and lease requests, ``/status?wait_done_s``) legitimately
+    hold a valid request up to 600 s; clamp valid values to 1 s so the pass stays bounded (the
+    waiting itself is tested in test_lease_wait.py). Invalid values are left for the fuzzer."""
+    for holder, key in ((case.query, "wait_done_s"), (case.body, "wait_s")):
+        if isinstance(holder, dict) and key in holder:
+            try:
+                if float(holder[key]) > 1.0:
+                    holder[key] = 1.0
+            except (TypeError, ValueError):
+                pass

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 from agentbench_helpers import need_data, need_mysql
 
+from astraflow.rollout.evaluation.agentbench import EvalConfig, evaluate, oracle_agent
 from envs.agentbench.data import load_dbbench
 from envs.agentbench.dbbench.backends import BackendError, TableSpec, make_backend
 from envs.agentbench.dbbench.env import AgentBenchDBEnv
@@ -17,7 +18,6 @@ from envs.agentbench.dbbench.scoring import (
     select_correct,
     table_hash,
 )
-from envs.agentbench.evaluate import EvalConfig, OracleAgent, evaluate
 from envs.registry import make_env
 
 TABLE = {
@@ -189,7 +189,7 @@ def test_mariadb_session_utf8mb4_multistatement_and_cleanup():
 def _oracle(db: str | None) -> dict:
     data = need_data()
     config = EvalConfig(tasks=("dbbench",), data_dir=str(data), db=db, concurrency=4)
-    return asyncio.run(evaluate(OracleAgent(), config))
+    return asyncio.run(evaluate(oracle_agent(), config))
 
 
 def _assert_all_dev_pass(report: dict) -> None:

@@ -11,8 +11,8 @@ import uuid
 import pytest
 from agentbench_helpers import need_data
 
+from astraflow.rollout.evaluation.agentbench import EvalConfig, evaluate, oracle_agent
 from envs.agentbench.data import load_os
-from envs.agentbench.evaluate import EvalConfig, OracleAgent, evaluate
 from envs.agentbench.os.env import AgentBenchOSEnv
 from envs.agentbench.os.sandbox import SandboxError, select_sandbox
 from envs.agentbench.os.scoring import parse_action, truncate_output
@@ -200,7 +200,7 @@ def test_oracle_passes_every_dev_sample_it_can():
     data = need_data()
     factory = _factory()
     config = EvalConfig(tasks=("os",), data_dir=str(data), sandbox=factory.backend, concurrency=6)
-    report = asyncio.run(evaluate(OracleAgent(), config))
+    report = asyncio.run(evaluate(oracle_agent(), config))
     samples = report["samples"]["os"]
     skipped = {s["sample_id"]: s["reason"] for s in samples if s["skipped"]}
     failed = {s["sample_id"]: s["reason"] for s in samples if not s["passed"] and not s["skipped"]}
@@ -226,6 +226,6 @@ def test_docker_sandbox_oracle_on_dev_samples():
     except SandboxError as exc:
         pytest.skip(f"AgentBench's OS image cannot be built here: {exc}")
     config = EvalConfig(tasks=("os",), data_dir=str(data), sandbox="docker", concurrency=4, limit=8)
-    report = asyncio.run(evaluate(OracleAgent(), config))
+    report = asyncio.run(evaluate(oracle_agent(), config))
     assert report["meta"]["sandbox"] == "docker"
     assert report["tasks"]["os"]["passed"] == 8, report["samples"]["os"]

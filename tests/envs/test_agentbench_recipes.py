@@ -42,6 +42,7 @@ def test_cpu_recipe_rollout_group_with_tiny_policy(name, monkeypatch):
     from astraflow.protocol import Task
     from astraflow.rollout.engines.base import SamplingParams
     from astraflow.rollout.engines.transformers_engine import TransformersEngine
+    from astraflow.rollout.env_runner import EnvRunner
     from astraflow.rollout.workflows import RolePolicy
     from astraflow.rollout.workflows.single_agent import single_agent
     from envs.registry import make_env
@@ -64,6 +65,7 @@ def test_cpu_recipe_rollout_group_with_tiny_policy(name, monkeypatch):
     )
     task = Task(env=recipe.tasks.env, payload=payload, group_size=2)
     role = RolePolicy("policy", engine, sampling)
+    runner = EnvRunner(lambda env_id, kw: make_env(env_id, **kw), workers=2)
 
     async def group():
         try:
@@ -72,7 +74,7 @@ def test_cpu_recipe_rollout_group_with_tiny_policy(name, monkeypatch):
                     single_agent(
                         task,
                         {"agent": role},
-                        lambda env_id, kw: make_env(env_id, **kw),
+                        runner.make,
                         max_turns=recipe.workflow.max_turns,
                         **recipe.workflow.kwargs,
                         **recipe.tasks.env_kwargs,
@@ -81,6 +83,7 @@ def test_cpu_recipe_rollout_group_with_tiny_policy(name, monkeypatch):
                 )
             )
         finally:
+            runner.shutdown()
             await engine.close()
 
     episodes = asyncio.run(group())

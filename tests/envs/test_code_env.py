@@ -162,3 +162,23 @@ def test_multi_turn_truncates_with_last_pass_fraction():
     assert (r1, term, trunc) == (0.0, False, False)
     _, r2, term, trunc, info = env.step(reply("def add(a, b):\n    return 3\n"))
     assert r2 == pytest.approx(0.5) and not term and trunc and not info["success"]
+
+
+def test_unfenced_replies_short_prompt_and_capped_feedback():
+    from tasks.code import generated
+
+    task = generated("train", seed=0, n=1)[0]
+    env = CodeMultiTurnEnv(max_turns=2, fence="optional", instruction="{prompt}", feedback_chars=40)
+    obs, _ = env.reset(options={"task": task})
+    assert obs == task["prompt"] and obs.endswith("return ")
+    obs, reward, terminated, _, info = env.step("0")  # run as the rest of the function
+    assert reward == 0.0 and not terminated and info["sandbox"] and len(obs) == 40
+    _, reward, terminated, _, info = env.step(task["canonical_solution"])
+    assert reward == 1.0 and terminated and info["assembly"] == "completion"
+    env.close()
+    strict = CodeEnv(instruction="Code:\n{prompt}")
+    strict.reset(options={"task": task})
+    assert strict.step(task["canonical_solution"])[4]["error"].startswith("no ```python")
+    for bad in ({"fence": "maybe"}, {"instruction": "no slot"}, {"feedback_chars": 0}):
+        with pytest.raises(ValueError):
+            CodeEnv(**bad)

@@ -177,3 +177,30 @@ def test_symbolic_grading_works_off_the_main_thread():
             pool.map(lambda pair: answers_match(*pair), [("1/2", "0.5"), ("x+1", "1+x")])
         )
     assert results == [True, True]
+
+
+def test_symbolic_grading_is_bounded_in_a_worker_thread(monkeypatch):
+    """Off the main thread math-verify's SIGALRM timeout is unusable, so grading is bounded by our
+    watchdog: a comparison that sympy would work on for seconds is cut at SYMBOLIC_TIMEOUT_S and
+    counts as wrong, and the same thread grades correctly afterwards (nothing left pending)."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from envs.math import answer
+
+    monkeypatch.setattr(answer, "SYMBOLIC_TIMEOUT_S", 0.3)
+
+    def grade_slow_then_fast():
+        assert threading.current_thread() is not threading.main_thread()
+        t0 = time.perf_counter()
+        slow = answer.answers_match("(x+y+z)^{25}", "(x+y+z+1)^{25}")  # seconds of sympy
+        took = time.perf_counter() - t0
+        return slow, took, answer.answers_match("1/2", "0.5"), answer.answers_match("x+1", "1+x")
+
+    with ThreadPoolExecutor(1) as pool:
+        slow, took, half, commuted = pool.submit(grade_slow_then_fast).result(timeout=60)
+    assert slow is False
+    # three bounded math-verify calls (two parses, one verify) at 0.3 s each, plus slack
+    assert took < 2.0, f"grading in a worker thread was not cut: {took:.2f}s"
+    assert (half, commuted) == (True, True)

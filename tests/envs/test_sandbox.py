@@ -119,3 +119,36 @@ def test_cli_lists_backends():
     assert result.exit_code == 0, result.output
     assert "process" in result.output and "NONE (rlimits only)" in result.output
     assert "auto choice:" in result.output
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_close_from_another_thread_kills_the_running_program(name):
+    """A rollout node closes an env whose step ran past rollout.env_timeout_s from another
+    thread: the program must die at once (not at its wall clock) and ``run`` must return."""
+    import threading
+    import time
+
+    try:
+        box = make_backend(name)
+    except SandboxError as exc:
+        pytest.skip(f"{name} sandbox unavailable here: {exc}")
+    done: dict = {}
+
+    def run() -> None:
+        done["result"] = box.run(
+            "import time\nprint('started', flush=True)\ntime.sleep(60)",
+            limits=Limits(wall_time_s=60),
+        )
+
+    runner = threading.Thread(target=run, daemon=True)
+    t0 = time.monotonic()
+    runner.start()
+    deadline = time.monotonic() + 10
+    while box.runs_in_flight() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)  # a close before the run registers would find nothing to kill
+    box.close()  # returns once the run has ended
+    runner.join(15)
+    assert not runner.is_alive(), "run() did not return after close()"
+    result = done["result"]
+    assert result.killed_reason == "closed", result.summary()
+    assert time.monotonic() - t0 < 15

@@ -8,6 +8,7 @@ import pytest
 
 from astraflow.protocol import Task
 from astraflow.rollout.engines import SamplingParams, make_engine
+from astraflow.rollout.env_runner import EnvRunner
 from astraflow.rollout.workflows import RolePolicy, WorkflowError, default_workflows
 from astraflow.rollout.workflows.tokens import ChatRenderer
 from envs import default_registry
@@ -24,9 +25,16 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def envs():
-    reg = default_registry()
-    return lambda env_id, kwargs: reg.make(env_id, **kwargs)
+def registry():
+    return default_registry()
+
+
+@pytest.fixture(scope="module")
+def envs(registry):
+    """The async env factory workflows get on a node: ``await envs(env_id, kwargs)``."""
+    runner = EnvRunner(lambda env_id, kwargs: registry.make(env_id, **kwargs), workers=4)
+    yield runner.make
+    runner.shutdown()
 
 
 def _tasks(n, env="astraflow/Math-v0"):
@@ -44,7 +52,7 @@ def _segments(mask):
     return segs
 
 
-def test_single_agent_records_generated_tokens_only(engine, envs):
+def test_single_agent_records_generated_tokens_only(engine, envs, registry):
     wf = default_workflows().get("single_agent")
     policy = RolePolicy("policy", engine, SamplingParams(temperature=1.0, max_tokens=6))
     tasks = _tasks(8)
@@ -54,7 +62,7 @@ def test_single_agent_records_generated_tokens_only(engine, envs):
 
     episodes = asyncio.run(run())
     renderer = ChatRenderer(engine.tokenizer)
-    env = envs("astraflow/Math-v0", {})
+    env = registry.make("astraflow/Math-v0")
     for task, ep in zip(tasks, episodes, strict=True):
         (traj,) = ep.trajectories
         prompt = renderer.prompt_ids(task.payload["question"])

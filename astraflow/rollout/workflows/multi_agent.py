@@ -5,7 +5,7 @@ reward is correctness (or, with ``solver_reward = "verified"``, the verifier's a
 verifier's reward is judgment accuracy. ``plan_execute``: a planner writes a short plan, an executor
 acts in the env (possibly over several turns) with the plan in its context; both share the env's
 reward. Each role's trajectory holds only its own generated tokens in the loss mask: the other
-role's text is context.
+role's text is context. Env calls are awaited (see ``workflows.base``): none blocks the node's loop.
 """
 
 from __future__ import annotations
@@ -65,13 +65,13 @@ async def solve_verify(
     if solver_reward not in ("correct", "verified"):
         raise WorkflowError(f"solver_reward must be 'correct' or 'verified', got {solver_reward!r}")
     solver, verifier = policies["solver"], policies["verifier"]
-    env = make_env(task.env, {"max_turns": 1, **env_kwargs})
+    env = await make_env(task.env, {"max_turns": 1, **env_kwargs})
     t_start = time.perf_counter()
     try:
-        obs, _ = env.reset(options={"task": task.payload})
+        obs, _ = await env.reset(options={"task": task.payload})
         s_rec = TurnRecorder("solver", ChatRenderer(solver.tokenizer).prompt_ids(obs))
         answer = await _generate(solver, task, s_rec)
-        _, reward, _, _, info = env.step(answer)
+        _, reward, _, _, info = await env.step(answer)
         correct = bool(info.get("success", reward > 0))
         question = str(task.payload.get("question", obs))
         prompt = verify_template.format(question=question, answer=answer.strip())
@@ -100,7 +100,7 @@ async def solve_verify(
             metrics={"wall_s": time.perf_counter() - t_start},
         )
     finally:
-        env.close()
+        await env.close()
 
 
 async def plan_execute(
@@ -116,10 +116,10 @@ async def plan_execute(
 ) -> Episode:
     _require(policies, ("planner", "executor"), "plan_execute")
     planner, executor = policies["planner"], policies["executor"]
-    env = make_env(task.env, {"max_turns": max_turns, **env_kwargs})
+    env = await make_env(task.env, {"max_turns": max_turns, **env_kwargs})
     t_start = time.perf_counter()
     try:
-        obs, info = env.reset(options={"task": task.payload})
+        obs, info = await env.reset(options={"task": task.payload})
         p_rec = TurnRecorder(
             "planner",
             ChatRenderer(planner.tokenizer).prompt_ids(plan_template.format(observation=obs)),
@@ -135,7 +135,7 @@ async def plan_execute(
             (gen,) = await executor.engine.generate(e_rec.tokens, params)
             e_rec.add_generated(gen.token_ids, gen.logprobs, gen.version)
             text = executor.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-            obs, reward, terminated, truncated, info = env.step(text)
+            obs, reward, terminated, truncated, info = await env.step(text)
             total += reward
             if terminated or truncated:
                 finish = "terminated" if terminated else "truncated"
@@ -150,7 +150,7 @@ async def plan_execute(
             metrics={"wall_s": time.perf_counter() - t_start},
         )
     finally:
-        env.close()
+        await env.close()
 
 
 SPECS = [

@@ -1,4 +1,8 @@
-"""``single_agent``: the generic multi-turn loop of one policy over any registered env."""
+"""``single_agent``: the generic multi-turn loop of one policy over any registered env.
+
+Env calls are awaited on the env the node's ``make_env`` returns (an ``AsyncEnv``), so a slow env
+step (a sandbox run, a database query) never blocks other episodes on the node.
+"""
 
 from __future__ import annotations
 
@@ -70,13 +74,13 @@ async def single_agent(
     if "agent" not in policies:
         raise WorkflowError(f"single_agent needs the role 'agent'; got roles {sorted(policies)}")
     agent = policies["agent"]
-    env = make_env(task.env, {"max_turns": max_turns, **env_kwargs})
+    env = await make_env(task.env, {"max_turns": max_turns, **env_kwargs})
     started = time.perf_counter()
     gen_s = env_s = 0.0
     try:
         renderer = ChatRenderer(agent.tokenizer, system=system_prompt)
         t0 = time.perf_counter()
-        obs, info = env.reset(seed=None, options={"task": task.payload})
+        obs, info = await env.reset(seed=None, options={"task": task.payload})
         env_s += time.perf_counter() - t0
         rec = TurnRecorder("agent", renderer.prompt_ids(obs))
         total_reward = 0.0
@@ -95,7 +99,7 @@ async def single_agent(
             rec.add_generated(gen.token_ids, gen.logprobs, gen.version)
             text = agent.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
             t0 = time.perf_counter()
-            obs, reward, terminated, truncated, info = env.step(text)
+            obs, reward, terminated, truncated, info = await env.step(text)
             env_s += time.perf_counter() - t0
             total_reward += reward
             if terminated:
@@ -120,9 +124,7 @@ async def single_agent(
             },
         )
     finally:
-        close = getattr(env, "close", None)
-        if close:
-            close()
+        await env.close()
 
 
 def _jsonable(info: dict[str, Any]) -> dict[str, Any]:

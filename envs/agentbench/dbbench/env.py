@@ -127,6 +127,8 @@ class AgentBenchDBEnv(TextEnv):
     def _step_text(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         parsed = parse_reply(action)
         info: dict[str, Any] = {"sample_id": self.task.get("id"), "type": self.task["type"]}
+        if self.session.load_error:  # repeated per step: a workflow reports only the last info
+            info["load_error"] = self.session.load_error
         if parsed.kind == "operation" and self.rounds < self.max_round:
             if parsed.sql is None:
                 return self._finish(SampleStatus.AGENT_VALIDATION_FAILED, "", info)

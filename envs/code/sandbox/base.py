@@ -45,7 +45,8 @@ class RunResult:
     """What happened to one run.
 
     ``killed_reason`` is None for a run that exited on its own, else one of ``"timeout"`` (wall
-    clock), ``"oom"``, ``"output_limit"`` (stdout/stderr over the cap) or ``"signal:NAME"``.
+    clock), ``"oom"``, ``"output_limit"`` (stdout/stderr over the cap), ``"closed"`` (the sandbox
+    was closed while the program ran) or ``"signal:NAME"``.
     """
 
     exit_code: int | None
@@ -100,8 +101,72 @@ class Sandbox(ABC):
         ``files``. ``command`` defaults to ``python3 main.py``. Never raises for anything the
         program does; raises :class:`SandboxError` only when the backend itself fails."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release backend resources (clients, cached handles)."""
+    def close(self) -> None:
+        """Kill every run in flight (from any thread) and release backend resources.
+
+        Why from any thread: a rollout node runs ``run`` in a worker thread and, when the env call
+        exceeds ``rollout.env_timeout_s``, closes the env from another thread; the running program
+        must die then, so that the stuck ``run`` returns and its thread is freed. Backends that
+        hold more (a Docker client) call ``super().close()`` first."""
+        self.abort_runs()
+
+    # --- runs in flight -------------------------------------------------------------------------
+    def _run_tracker(self) -> RunTracker:
+        tracker = self.__dict__.get("_runs")
+        if tracker is None:
+            tracker = self.__dict__.setdefault("_runs", RunTracker())  # atomic: one wins
+        return tracker
+
+    def begin_run(self) -> threading.Event:
+        """Register a run; the returned event is set when the run must be killed (``close``)."""
+        return self._run_tracker().begin()
+
+    def end_run(self, abort: threading.Event) -> None:
+        self._run_tracker().end(abort)
+
+    def runs_in_flight(self) -> int:
+        return self._run_tracker().count()
+
+    def abort_runs(self, wait_s: float = 10.0) -> int:
+        """Ask every run in flight to kill its program, and wait up to ``wait_s`` for them to be
+        gone. Returns how many runs were aborted."""
+        return self._run_tracker().abort_all(wait_s)
+
+
+class RunTracker:
+    """The runs in flight of one sandbox, each with an abort event its runner polls.
+
+    The runner (the thread in ``run``) does the killing itself as soon as it sees the event (it
+    polls every 20 ms), so a kill never races with that thread's own clean-up; ``abort_all``
+    waits until the runs have ended, so after ``close()`` returns no program of it is running.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._runs: set[threading.Event] = set()
+
+    def begin(self) -> threading.Event:
+        abort = threading.Event()
+        with self._cond:
+            self._runs.add(abort)
+        return abort
+
+    def end(self, abort: threading.Event) -> None:
+        with self._cond:
+            self._runs.discard(abort)
+            self._cond.notify_all()
+
+    def count(self) -> int:
+        with self._cond:
+            return len(self._runs)
+
+    def abort_all(self, wait_s: float) -> int:
+        with self._cond:
+            runs = list(self._runs)
+            for abort in runs:
+                abort.set()
+            self._cond.wait_for(lambda: not (self._runs & set(runs)), timeout=wait_s)
+        return len(runs)
 
 
 def prepare_files(program: str | None, files: Mapping[str, str | bytes] | None) -> dict[str, bytes]:

@@ -145,6 +145,7 @@ class BwrapSandbox(Sandbox):
         if argv[0] in ("python3", "python"):
             argv[0] = self.python
         workdir = tempfile.mkdtemp(prefix="astraflow-bwrap-")
+        abort = self.begin_run()
         user = NOBODY if self.drop_to_nobody else None
         try:
             populate_workdir(workdir, payload, user)
@@ -158,12 +159,14 @@ class BwrapSandbox(Sandbox):
                     backend=self.name,
                     use_cgroup=self.use_cgroup,
                     user=user,
+                    abort=abort,
                     signal_exit_offset=True,
                 )
             except (OSError, subprocess.SubprocessError) as exc:
                 raise SandboxError(f"could not start bwrap: {exc}") from exc
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
+            self.end_run(abort)
         if result.exit_code == 1 and result.stderr.startswith("bwrap:"):
             raise SandboxError(f"bwrap failed to set up the sandbox: {result.stderr.strip()[:500]}")
         return result

@@ -95,6 +95,7 @@ class DockerSandbox(Sandbox):
         self.image = image
 
     def close(self) -> None:
+        super().close()  # running containers are killed first (their runs poll the abort event)
         self.client.close()
 
     def run(
@@ -153,8 +154,9 @@ class DockerSandbox(Sandbox):
             )
         except docker.errors.DockerException as exc:
             raise SandboxError(f"could not create a sandbox container: {exc}") from exc
+        abort = self.begin_run()
         try:
-            return self._run_container(container, limits)
+            return self._run_container(container, limits, abort)
         except docker.errors.DockerException as exc:
             raise SandboxError(f"the sandbox container failed to run: {exc}") from exc
         finally:
@@ -165,8 +167,10 @@ class DockerSandbox(Sandbox):
             except docker.errors.DockerException:
                 time.sleep(0.2)
                 container.remove(force=True)
+            finally:
+                self.end_run(abort)
 
-    def _run_container(self, container, limits: Limits) -> RunResult:
+    def _run_container(self, container, limits: Limits, abort: threading.Event) -> RunResult:
         import docker.errors
 
         cap = limits.output_bytes
@@ -203,6 +207,9 @@ class DockerSandbox(Sandbox):
                 break
             if overflow.is_set():
                 reason = "output_limit"
+                break
+            if abort.is_set():  # the sandbox is being closed (e.g. an env call timed out)
+                reason = "closed"
                 break
             if time.monotonic() >= deadline:
                 timed_out, reason = True, "timeout"

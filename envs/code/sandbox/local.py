@@ -104,11 +104,14 @@ def run_local(
     rlimit_as: bool = True,
     signal_exit_offset: bool = False,
     use_cgroup: bool = True,
+    abort: threading.Event | None = None,
 ) -> RunResult:
     """Run ``argv`` to completion or to a limit; always leaves nothing running.
 
     ``signal_exit_offset``: the wrapper (bwrap) reports a child killed by signal N as 128+N.
     ``use_cgroup=False`` skips the pids cgroup even where one could be made (rlimits only).
+    ``abort``: set from another thread (the sandbox's ``close``) to kill the run at once
+    (``killed_reason="closed"``).
     """
     cgroup = PidsCgroup.create(limits.pids) if use_cgroup else None
     overflow = threading.Event()
@@ -148,6 +151,9 @@ def run_local(
                 pass
             if overflow.is_set():
                 reason = "output_limit"
+                break
+            if abort is not None and abort.is_set():
+                reason = "closed"
                 break
             if time.monotonic() >= deadline:
                 timed_out, reason = True, "timeout"

@@ -53,6 +53,7 @@ class ProcessSandbox(Sandbox):
         if argv[0] in ("python3", "python"):
             argv[0] = self.python
         workdir = tempfile.mkdtemp(prefix="astraflow-sbx-")
+        abort = self.begin_run()
         user = NOBODY if self.drop_to_nobody else None
         try:
             populate_workdir(workdir, payload, user)
@@ -73,8 +74,10 @@ class ProcessSandbox(Sandbox):
                 backend=self.name,
                 use_cgroup=self.use_cgroup,
                 user=user,
+                abort=abort,
             )
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
+            self.end_run(abort)
         result.details["isolated"] = False
         return result

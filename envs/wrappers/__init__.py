@@ -1,0 +1,17 @@
+"""Gymnasium wrappers usable on any AstraFlow env (configured from the recipe)."""
+
+from envs.wrappers.latency import (
+    LatencyDistribution,
+    LatencyEnvFactory,
+    LatencySampler,
+    LatencyWrapper,
+    straggler_bound,
+)
+
+__all__ = [
+    "LatencyDistribution",
+    "LatencyEnvFactory",
+    "LatencySampler",
+    "LatencyWrapper",
+    "straggler_bound",
+]
