@@ -12,7 +12,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from astraflow.protocol import (
@@ -25,6 +25,7 @@ from astraflow.protocol import (
     TrajectoryPush,
     new_id,
 )
+from astraflow.rollout.engines.base import SamplingParams
 from astraflow.rollout.env_runner import EnvCallTimeout, EnvRunner
 from astraflow.rollout.workflows.base import RolePolicy, WorkflowSpec
 
@@ -41,7 +42,7 @@ class ServedPolicy:
 
     name: str
     engine: Any
-    sampling: Any
+    sampling: SamplingParams
     trainable: bool = True
 
 
@@ -501,12 +502,15 @@ class RolloutNode:
         missing = [r for r in spec.roles if roles.get(r) not in self.policies]
         if missing:
             raise RuntimeError(f"node serves no policy for roles {missing} of workflow {spec.name}")
+        # Every generation of this group is scheduled by when the group started: an engine with
+        # more episodes waiting than decode rows serves the oldest groups first, so groups finish
+        # (and reach the trainer) in the order they were leased, not all together at the end.
+        started = time.monotonic()
         by_role = {}
         for role in spec.roles:
             served = self.policies[roles[role]]
-            by_role[role] = RolePolicy(
-                served.name, served.engine, served.sampling, served.trainable
-            )
+            sampling = replace(served.sampling, priority=started)
+            by_role[role] = RolePolicy(served.name, served.engine, sampling, served.trainable)
         kwargs = {**spec.defaults, **self.settings.workflow_kwargs, **self.settings.env_kwargs}
         episodes = await asyncio.gather(
             *(self._one_episode(spec, task, by_role, kwargs) for _ in range(task.group_size))

@@ -381,3 +381,28 @@ def test_identical_prompts_are_prefilled_once(model_dir):
         for mine, ref in zip(state.cache.layers, alone.cache.layers, strict=True):
             assert torch.allclose(mine.keys[row, :, pad:], ref.keys[0], atol=1e-5)
             assert torch.allclose(mine.values[row, :, pad:], ref.values[0], atol=1e-5)
+
+
+def test_waiting_requests_are_served_by_priority(model_dir):
+    """With every decode row busy, a waiting request of lower ``priority`` (the node sets when its
+    group started) goes first, whatever its arrival order: the oldest groups finish first."""
+
+    async def main():
+        engine = TransformersEngine(str(model_dir), max_batch_size=1)
+        prompt = prompts_for(engine, 1)[0]
+        long = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+        blocker = asyncio.ensure_future(engine.generate(prompt, long))
+        while engine.stats["tokens"] == 0:  # the blocker holds the only row
+            await asyncio.sleep(0.001)
+        finished: list[float] = []
+
+        async def one(priority: float):
+            await engine.generate(prompt, dataclasses.replace(GREEDY, priority=priority))
+            finished.append(priority)
+
+        await asyncio.gather(*(one(p) for p in (5.0, 1.0, 3.0, 2.0)))
+        await blocker
+        await engine.close()
+        return finished
+
+    assert run(main()) == [1.0, 2.0, 3.0, 5.0]

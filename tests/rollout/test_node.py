@@ -112,21 +112,25 @@ def test_sigterm_finishes_or_releases_in_flight_and_deregisters(tmp_path, procs)
     # R releases at once on SIGTERM; F finishes its in-flight groups first (the default). R's
     # engine answers after 0.5 s, so a group it holds is still generating when the signal lands
     # (the tiny model alone finishes a group in milliseconds: its push was usually under way).
+    # R starts (and is frozen holding leases) before F exists: F alone would finish all n tasks
+    # in about a second, before a loaded machine has even started R.
     r = start_node(tmp_path, df.url, "R", "--drain-timeout", "0", "--concurrency", "4",
                    runner=[sys.executable, str(REPO / "tests/rollout/slow_node.py")])  # fmt: skip
-    f = start_node(tmp_path, df.url, "F")
-    procs.extend([r, f])
+    procs.append(r)
     frozen = set()
 
-    def both_frozen():
-        for name, proc in (("R", r), ("F", f)):
+    def frozen_holding(*named):
+        for name, proc in named:
             node = df.node(name)
             if name not in frozen and node and node["active_leases"]:
                 freeze_holding_leases(df, proc, name)
                 frozen.add(name)
-        return len(frozen) == 2
+        return all(name in frozen for name, _ in named)
 
-    wait_for("both nodes to hold leases", both_frozen, every=0.05)
+    wait_for("R to hold leases", lambda: frozen_holding(("R", r)), every=0.05)
+    f = start_node(tmp_path, df.url, "F")
+    procs.append(f)
+    wait_for("F to hold leases", lambda: frozen_holding(("F", f)), every=0.05)
     r_id, f_id = node_id(df, "R"), node_id(df, "F")
     r_held, f_held = _active_leases(df, r_id), _active_leases(df, f_id)
     for proc in (r, f):

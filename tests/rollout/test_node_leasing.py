@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataflow"))
 from dataflow_helpers import TOKEN, ThreadedService, episode, make_recipe  # noqa: E402
 
 from astraflow.protocol.client import DataflowClient, SyncDataflowClient  # noqa: E402
+from astraflow.rollout.engines.base import SamplingParams  # noqa: E402
 from astraflow.rollout.node import NodeSettings, RolloutNode, ServedPolicy  # noqa: E402
 from astraflow.rollout.workflows.base import WorkflowSpec  # noqa: E402
 
@@ -63,7 +64,7 @@ class NodeThread:
             async with DataflowClient(self.url, TOKEN, retries=1) as client:
                 self.node = RolloutNode(
                     client,
-                    {"policy": ServedPolicy("policy", self.engine, None)},
+                    {"policy": ServedPolicy("policy", self.engine, SamplingParams())},
                     lambda _name: spec,
                     lambda env_id, kw: None,
                     NodeSettings(

@@ -30,6 +30,11 @@ class SamplingParams:
     seed: int | None = None
     #: Keep generating past the model's end-of-sequence token (benchmarks; vLLM's ``ignore_eos``).
     ignore_eos: bool = False
+    #: Scheduling order when requests wait for a free decode slot: lower goes first, ties in
+    #: arrival order. The rollout node sets the time its group started, so an engine with more
+    #: episodes in flight than decode rows finishes the oldest groups first instead of moving every
+    #: episode through its turns in lock-step (which delays every group to the slowest sweep).
+    priority: float = 0.0
 
     def __post_init__(self):
         if self.n < 1:

@@ -14,6 +14,8 @@ rows finish, then writes the weights in place; so a completion never mixes two v
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -176,7 +178,9 @@ class TransformersEngine:
             self._generator.manual_seed(seed)
         else:
             self._generator.seed()
-        self._waiting: deque[_Request] = deque()
+        #: heap of (priority, arrival number, request): oldest group first, then arrival order
+        self._waiting: list[tuple[float, int, _Request]] = []
+        self._arrivals = itertools.count()
         self._updates: deque[_Update] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -198,7 +202,7 @@ class TransformersEngine:
         with self._cond:
             if self._closed:
                 raise EngineClosedError("the engine is closed")
-            self._waiting.append(request)
+            heapq.heappush(self._waiting, (params.priority, next(self._arrivals), request))
         # Wake the worker after this loop iteration, not now: requests started together (e.g. by
         # asyncio.gather) are then all queued and share one prefill instead of trickling in.
         loop.call_soon(self._wake)
@@ -300,14 +304,14 @@ class TransformersEngine:
         taken: list[_Request] = []
         rows = running
         while self._waiting:
-            request = self._waiting[0]
+            request = self._waiting[0][2]
             if request.cancelled():
-                self._waiting.popleft()
+                heapq.heappop(self._waiting)
                 continue
             n = request.params.n
             if rows + n > self.max_batch_size and rows > 0:
                 break
-            taken.append(self._waiting.popleft())
+            taken.append(heapq.heappop(self._waiting)[2])
             rows += n
         return taken
 
@@ -443,7 +447,7 @@ class TransformersEngine:
     def _fail_everything(self, exc: Exception) -> None:
         self._fail_running(exc, [])
         with self._cond:
-            waiting, self._waiting = list(self._waiting), deque()
+            waiting, self._waiting = [item[2] for item in self._waiting], []
             updates, self._updates = list(self._updates), deque()
         for request in waiting:
             _resolve(request.loop, request.future, error=exc)
