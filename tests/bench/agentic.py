@@ -81,14 +81,16 @@ NOTES = [
 ]
 
 
-# Run sizes. The lock-step baselines pay the latency tail at every turn (TRL ~24 s, sync ~18 s per
-# step, async ~5 s), so one math step costs ~47 s of wall time over the three systems, plus ~40 s of
-# start-ups and ~4 s per 200-problem evaluation per system: 6 steps x 3 seeds ~19 min, and the
-# sandbox case ~4 min, fit the ~25 minutes the full run may take on the 2-core machine.
+# Run sizes. The lock-step baselines pay the latency tail at every turn (TRL ~25 s, sync ~16 s per
+# step; async ~4 s, trainer-bound), so one math step costs ~45 s of wall time over the three
+# systems, plus ~40 s of start-ups and a few seconds per 500-problem evaluation (off the clocks):
+# 8 steps x 3 seeds ~25 min, and the sandbox case ~4 min. 500 held-out problems keep one
+# evaluation's standard error near 0.018 (0.028 at 200), which matters because the headline times
+# the systems to TRL's final accuracy, a point that one noisy evaluation can move.
 # --quick (math, 1 seed, 2 steps, 100 problems) takes ~2.5 minutes.
-STEPS = 6
+STEPS = 8
 EVAL_EVERY = 2
-EVAL_TASKS = 200
+EVAL_TASKS = 500
 SANDBOX_STEPS = 6
 QUICK_STEPS = 2
 
