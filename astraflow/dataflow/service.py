@@ -57,6 +57,20 @@ class _LeaseWaiter:
     expired: bool = False
 
 
+def _news(waiter: _LeaseWaiter, outcome: LeaseGrant) -> bool:
+    """A version the node does not hold was announced since its request last looked.
+
+    The node learns of new weights from lease replies and heartbeats. Admission control (a node
+    more than ``max_lag`` behind) and sync rounds (which need the round's version) hold its work
+    back until it loads them, so keeping the request parked would leave the node waiting for its
+    next heartbeat (seconds) to hear of them: answer it now, empty, with the new versions."""
+    before, after = waiter.last.latest_versions, outcome.latest_versions
+    return any(
+        after.get(policy, -1) > max(held, before.get(policy, -1))
+        for policy, held in waiter.req.versions.items()
+    )
+
+
 def _throttle(loop: asyncio.AbstractEventLoop, last_start: float, last_end: float) -> float:
     """How long to hold a scan that follows another one back to back.
 
@@ -273,7 +287,7 @@ class DataflowService:
                     # remembered under its idempotency key for a retry, or expire
                 if isinstance(outcome, BaseException):
                     w.fut.set_exception(outcome)
-                elif outcome.leases or outcome.done or w.expired:
+                elif outcome.leases or outcome.done or w.expired or _news(w, outcome):
                     w.fut.set_result(outcome)
                 else:
                     w.last = outcome

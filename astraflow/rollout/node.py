@@ -421,9 +421,17 @@ class RolloutNode:
                 self._done.set()
                 return
             if not grant.leases:
-                if time.monotonic() - asked < min(1.0, self.settings.lease_wait_s / 2):
-                    # answered empty without waiting (lease_wait_s = 0, or a service that does not
-                    # long-poll): back off rather than spin
+                # An early empty answer that announces weights this node lacks is the service
+                # telling it to update (the weights loop is already fetching): ask again at once.
+                # Any other early empty answer (lease_wait_s = 0, or a service that does not
+                # long-poll) backs off rather than spin.
+                behind = any(
+                    grant.latest_versions.get(name, -1) > served.engine.version
+                    for name, served in self.policies.items()
+                )
+                if not behind and time.monotonic() - asked < min(
+                    1.0, self.settings.lease_wait_s / 2
+                ):
                     backoff = min(max(0.5, backoff * 2), 10.0)
                     await asyncio.sleep(backoff)
                 continue

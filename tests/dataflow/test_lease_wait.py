@@ -220,6 +220,25 @@ def test_sync_round_advance_wakes_a_parked_request(tmp_path, last):
         assert len(grant.leases) == 1 and c.status()["round"] == 1
 
 
+def test_a_parked_node_hears_of_the_version_it_needs_at_once(tmp_path):
+    """A node still holding version 0 when round 1 starts gets no task until it loads version 1,
+    so its parked request is answered at once, empty, naming the new version; left parked it
+    would learn of it only at its next heartbeat (every round would then take a heartbeat)."""
+    with _sync(tmp_path) as svc, _client(svc) as c:
+        node = c.register(policies={"policy": 0}).node_id
+        batch_id = _finish_round(c, node, 0)
+        c.ack(batch_id, trainer_version=1)
+        parked = Parked(svc, node, {"policy": 0})
+        parked.settle(svc)
+        t0 = time.monotonic()
+        c.announce_version(policy="policy", version=1, location="http://w/1", digest="d")
+        grant = _prompt(parked, t0)
+        assert not grant.leases and grant.latest_versions == {"policy": 1}
+        assert grant.weight_locations["policy"] == "http://w/1"
+        # holding version 1, it gets round 1's task at once
+        assert len(c.lease(node_id=node, max_tasks=1, versions={"policy": 1}).leases) == 1
+
+
 def test_reannounced_older_version_admits_a_lagging_node(tmp_path):
     with _serve(tmp_path, dataflow={"max_lag": 1, "buffer_steps": 0}) as svc, _client(svc) as c:
         node = c.register(policies={"policy": 0}).node_id
