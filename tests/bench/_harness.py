@@ -1,4 +1,4 @@
-"""Shared machinery of the comparison benchmarks (``vs_trl.py``, ``multi_policy.py``).
+"""Shared machinery of the comparison benchmarks (``vs_trl``, ``agentic``, ``multi_policy``).
 
 Why a harness of its own: the benchmarks run the real system (``astraflow train RECIPE`` as a
 subprocess, exactly as a user would) and a baseline, then compare them from what the runs wrote to
@@ -28,8 +28,10 @@ import sqlite3
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,6 +222,20 @@ def choose_threshold(
     return level
 
 
+def accuracy_levels(start: float | None, stop: float | None) -> list[float]:
+    """The accuracy ladder: every 0.01 from just above ``start`` (the accuracy before training)
+    up to ``stop``. A headline threshold near the plateau is decided by one noisy evaluation; the
+    ladder shows the same race at every level on the way."""
+    levels: list[float] = []
+    if start is None or stop is None:
+        return levels
+    level = math.floor(start * 100 + 1) / 100
+    while level <= stop + 1e-9:
+        levels.append(level)
+        level = round(level + 0.01, 2)
+    return levels
+
+
 # ----------------------------------------------------------------------------- run summaries
 
 
@@ -300,6 +316,32 @@ class RunResult:
             "run_dir": self.run_dir,
             "policies": {k: v.to_json() for k, v in self.policies.items()},
         }
+
+
+def successful_runs(runs: Iterable[RunResult], order: Sequence[str]) -> dict[str, list[RunResult]]:
+    """The runs that completed with a ``policy`` result, by system, for every system of ``order``
+    that has a run at all (a system whose runs all failed keeps an empty list: it is reported)."""
+    runs = list(runs)
+    present = [s for s in order if any(r.system == s for r in runs)]
+    by_system: dict[str, list[RunResult]] = {s: [] for s in present}
+    for r in runs:
+        if r.ok and "policy" in r.policies:
+            by_system[r.system].append(r)
+    return by_system
+
+
+def throughput_json(runs: Sequence[RunResult], startup: bool = False) -> dict[str, Any]:
+    """The figures every comparison reports per system, as :func:`spread_json` over its
+    successful runs: run count, wall (and start-up) seconds, training seconds, samples/s."""
+    ps = [r.policies["policy"] for r in runs]
+    return {
+        "runs": len(ps),
+        "wall_s": spread_json(spread(r.wall_s for r in runs)),
+        **({"startup_s": spread_json(spread(r.startup_s for r in runs))} if startup else {}),
+        "train_s": spread_json(spread(p.train_s for p in ps)),
+        "samples_per_s": spread_json(spread(p.samples_per_s for p in ps)),
+        "trained_samples": spread_json(spread(p.trained_samples for p in ps)),
+    }
 
 
 def mean_reward(records: Sequence[dict[str, Any]], last: int | None = None) -> float | None:
@@ -671,12 +713,8 @@ def greedy_accuracy(model, tokenizer, problems, max_tokens: int, score) -> float
     with torch.no_grad():
         for start in range(0, len(prompts), 150):
             chunk = prompts[start : start + 150]
-            width = max(len(p) for p in chunk)
-            ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for i, p in enumerate(chunk):
-                ids[i, width - len(p) :] = torch.tensor(p)
-                mask[i, width - len(p) :] = 1
+            ids, mask = left_pad(chunk, tokenizer.pad_token_id)
+            width = ids.shape[1]
             gen = model.generate(
                 input_ids=ids,
                 attention_mask=mask,
@@ -691,6 +729,20 @@ def greedy_accuracy(model, tokenizer, problems, max_tokens: int, score) -> float
     if was_training:
         model.train()
     return correct / len(problems)
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int):
+    """``(input_ids, attention_mask)`` of token lists padded on the left to one width: the batch
+    layout ``generate`` continues from (every prompt ends at the last column)."""
+    import torch
+
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s) :] = torch.tensor(s)
+        mask[i, width - len(s) :] = 1
+    return ids, mask
 
 
 def env_scorer(env_id: str, env_kwargs: dict[str, Any]):
@@ -767,6 +819,37 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> 
     return t
 
 
+def spread_text(d: dict[str, Any], spec: str = "{:.1f}", unit: str = "") -> str:
+    """A :func:`spread_json` dict as table text (median [min–max])."""
+    return Spread(d["median"], d["min"], d["max"], d["n"]).text(spec, unit)
+
+
+def print_ladder(title: str, systems: Sequence[str], ladder: dict[str, dict[str, Any]]) -> None:
+    """The table of median seconds to each accuracy level (``ladder[level][system]``)."""
+    if not ladder:
+        return
+    rows = [[lvl, *(fmt(t.get(s), "{:.0f}", "s") for s in systems)] for lvl, t in ladder.items()]
+    console.print(table(title, ["accuracy", *systems], rows))
+
+
+def print_failures(runs: Iterable[RunResult], notes: Iterable[str]) -> None:
+    """A report's end: the error of every failed run, then the benchmark's notes."""
+    for r in runs:
+        if not r.ok:
+            console.print(f"[red]{r.system} seed {r.seed} failed:[/] {r.error}")
+    for note in notes:
+        console.print(f"[dim]- {note}[/]")
+
+
+def parse_systems(ap, text: str, known: Sequence[str]) -> list[str]:
+    """``--systems``: a comma-separated subset of ``known`` (an argparse error otherwise)."""
+    systems = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = set(systems) - set(known)
+    if unknown:
+        ap.error(f"--systems: unknown {sorted(unknown)}; expected some of {', '.join(known)}")
+    return systems
+
+
 def write_json(path: Path | str, payload: dict[str, Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -784,3 +867,91 @@ def _jsonable(value: Any) -> Any:
 
 def spread_json(s: Spread) -> dict[str, Any]:
     return {"median": s.median, "min": s.lo, "max": s.hi, "n": s.n}
+
+
+@contextmanager
+def bench_workdir(path: Path | None, prefix: str) -> Iterator[Path]:
+    """Where a benchmark's runs go: ``path`` (kept, created if needed) or a temporary folder
+    removed afterwards (the runs are large; the JSON results are what is kept)."""
+    if path is not None:
+        path = path.resolve()
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield Path(tmp)
+
+
+def run_logged(
+    label: str, run: Callable[[], RunResult], figures: Callable[[PolicyResult | None], str] | None
+) -> RunResult:
+    """``run()`` under a status line, then one line of outcome: ok or failed, wall seconds and
+    ``figures(result's "policy")`` (the bench's headline numbers for that run)."""
+    with console.status(f"running {label}…"):
+        started = time.time()
+        result = run()
+    status = "[green]ok[/]" if result.ok else "[red]failed[/]"
+    tail = f", {figures(result.policies.get('policy'))}" if figures else ""
+    console.print(f"{status} {label}: {time.time() - started:.0f}s{tail}")
+    return result
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def plot_safely(draw: Callable[[], Path | None]) -> Path | None:
+    """``draw()``, reporting the plot's path; a failure is reported, never raised: the numbers
+    matter more than the picture."""
+    try:
+        path = draw()
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        console.print(f"[yellow]plot failed: {exc}[/]")
+        return None
+    if path:
+        console.print(f"plot: {path}")
+    return path
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Lay out, write (PNG, folders created) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_accuracy(
+    runs: Sequence[RunResult], path: Path, colours: dict[str, str], title: str, xlabel: str,
+    symlog: bool = False, **line: Any,
+) -> Path | None:  # fmt: skip
+    """Held-out accuracy of policy ``policy`` against training time, one line per successful run,
+    one colour (and legend entry) per system; None when no run has an evaluation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    labelled: set[str] = set()
+    for r in runs:
+        p = r.policies.get("policy")
+        if not r.ok or p is None or not p.evals:
+            continue
+        label = None if r.system in labelled else r.system
+        labelled.add(r.system)
+        ax.plot([e.t for e in p.evals], [e.accuracy for e in p.evals], color=colours[r.system],
+                alpha=0.75, lw=1.2, label=label, **line)  # fmt: skip
+    if not labelled:
+        plt.close(fig)
+        return None
+    if symlog:
+        ax.set_xscale("symlog", linthresh=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("held-out greedy accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return save_figure(fig, path)

@@ -52,12 +52,14 @@ import json
 import math
 import sqlite3
 import sys
-import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import _harness as H
+import _trl as T
 
 RECIPE = H.REPO_ROOT / "recipes" / "agentic_math.toml"
 CODE_RECIPE = H.REPO_ROOT / "recipes" / "agentic_code.toml"
@@ -104,29 +106,10 @@ def recipe_settings(
     from astraflow.recipe import load_recipe
 
     recipe = load_recipe(recipe_path, overrides or [])
-    policy = recipe.policies[recipe.workflow.roles["agent"]]
     latency = recipe.tasks.env_latency
-    return {
-        "model": policy.model,
-        "temperature": policy.sampling.temperature,
-        "top_p": policy.sampling.top_p,
-        "max_tokens": policy.sampling.max_tokens,
-        "group_size": recipe.tasks.group_size,
-        "groups_per_step": policy.trainer.groups_per_step,
-        "learning_rate": policy.trainer.learning_rate,
-        "loss_type": policy.trainer.loss_type,
-        "beta": policy.trainer.beta,
-        "epsilon": policy.trainer.epsilon,
-        "max_grad_norm": policy.trainer.max_grad_norm,
-        "scale_rewards": policy.trainer.scale_rewards,
-        "env": recipe.tasks.env,
-        "env_kwargs": recipe.tasks.env_kwargs,
+    return T.grpo_settings(recipe) | {
         "max_turns": recipe.workflow.max_turns,
         "env_latency": latency.model_dump() if latency is not None else None,
-        "task_set": recipe.tasks.sets[0].name,
-        "train_split": recipe.tasks.sets[0].split,
-        "eval_split": recipe.evaluation.split,
-        "max_steps": recipe.run.max_steps,
         "concurrency": recipe.rollout.concurrency,
         "env_workers": recipe.rollout.env_workers,
         "buffer_steps": recipe.dataflow.buffer_steps,
@@ -153,41 +136,17 @@ def trl_worker(ns: argparse.Namespace) -> None:
 
     import torch
 
-    torch.set_num_threads(ns.threads)
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from astraflow.models import load_tokenizer, resolve_model
     from astraflow.rollout.workflows.tokens import ChatRenderer
     from envs import make_env
     from envs.wrappers.latency import LatencyEnvFactory
-    from tasks.catalog import load_task_set
 
-    cfg = json.loads(ns.settings)
-    out = Path(ns.out)
-    out.mkdir(parents=True, exist_ok=True)
-    metrics_path = out / "metrics.jsonl"
-    group, groups = cfg["group_size"], cfg["groups_per_step"]
-    train = load_task_set(
-        cfg["task_set"], cfg["train_split"], seed=ns.seed, limit=ns.steps * groups
-    )
-    held_out = (
-        load_task_set(cfg["task_set"], cfg["eval_split"], seed=ns.seed, limit=ns.eval_tasks)
-        if ns.eval_tasks
-        else []
-    )
+    w = T.Worker.start(ns)
+    cfg, tokenizer, train = w.cfg, w.tokenizer, w.train_tasks
     # TRL hands rollout_func only the prompts: key each task by its prompt's text (math: the
     # question; code: the task id, as the env renders the prompt itself on reset).
     code = "question" not in train[0]
     keys = [p["id"] if code else p["question"] for p in train]
     tasks = dict(zip(keys, train, strict=True))
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": k}]} for k in keys])
-    path = resolve_model(cfg["model"])
-    tokenizer = load_tokenizer(path)
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    score = H.env_scorer(cfg["env"], cfg["env_kwargs"]) if held_out else None
     renderer = ChatRenderer(tokenizer)
     latency = cfg["env_latency"]
 
@@ -196,14 +155,11 @@ def trl_worker(ns: argparse.Namespace) -> None:
 
     # The same wrapper and seeding scheme as a rollout node (stream "trl" instead of a node name).
     factory = LatencyEnvFactory(build, latency, seed=ns.seed, stream="trl") if latency else build
-    state: dict[str, Any] = {
-        "eval_s": 0.0,
-        "generate_s": 0.0,
+    state: dict[str, Any] = {  # the in-flight accounting; TRL's clock is the Worker's
         "env_wait_s": 0.0,
         "in_flight_integral": 0.0,
         "in_flight_max": 0,
         "active_per_turn": [],
-        "train_begin": None,
         "sandbox_s": [],  # the sandbox's own duration of each episode's last run (env info)
         "call_s": [],  # wall time of every env step (a sandbox run and its queueing)
     }
@@ -218,12 +174,8 @@ def trl_worker(ns: argparse.Namespace) -> None:
 
     def generate(trainer, seqs: list[list[int]]) -> list[list[int]]:
         """One batched sampling call, as TRL's own transformers path does it."""
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, s in enumerate(seqs):
-            ids[i, width - len(s) :] = torch.tensor(s)
-            mask[i, width - len(s) :] = 1
+        ids, mask = H.left_pad(seqs, tokenizer.pad_token_id)
+        width = ids.shape[1]
         unwrapped = trainer.accelerator.unwrap_model(trainer.model)
         with torch.no_grad():
             full = unwrapped.generate(
@@ -314,123 +266,19 @@ def trl_worker(ns: argparse.Namespace) -> None:
     def env_return(prompts, completions, env_reward, **_: Any) -> list[float]:
         return list(env_reward)
 
-    def evaluate(m) -> float:
-        return H.greedy_accuracy(m, tokenizer, held_out, cfg["max_tokens"], score)
+    def step_fields() -> dict[str, Any]:
+        return {
+            "env_wait_s_total": state["env_wait_s"],
+            "in_flight_integral": state["in_flight_integral"],
+            "in_flight_max": state["in_flight_max"],
+            "active_per_turn": state["active_per_turn"][-1] if state["active_per_turn"] else [],
+        }
 
-    def clock() -> float:
-        """Absolute time with the evaluation pauses taken out (TRL's training clock)."""
-        return time.time() - state["eval_s"]
+    def info_fields() -> dict[str, Any]:
+        return {k: state[k] for k in ("env_wait_s", "active_per_turn", "sandbox_s", "call_s")}
 
-    def write(record: dict[str, Any]) -> None:
-        with metrics_path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-
-    class HeldOutEval(TrainerCallback):
-        def _eval(self, step: int, m) -> None:
-            started = time.time()
-            acc = evaluate(m)
-            took = time.time() - started
-            state["eval_s"] += took
-            write({"type": "eval", "policy": "policy", "step": step, "accuracy": acc,
-                   "n": len(held_out), "eval_s": took, "time": clock()})  # fmt: skip
-
-        def on_train_begin(self, args, st, control, model=None, **kw):
-            state["train_begin"] = time.time()
-            if held_out:
-                self._eval(0, model)
-
-        def on_step_end(self, args, st, control, model=None, **kw):
-            state["step_time"] = clock()
-            state["pending_step"] = st.global_step
-
-        def on_log(self, args, st, control, logs=None, model=None, **kw):
-            step = state.pop("pending_step", None)
-            if step is None or not logs or "loss" not in logs:
-                return
-            write(
-                {
-                    "type": "step",
-                    "policy": "policy",
-                    "step": step,
-                    "samples": group * groups,
-                    "reward_mean": logs.get("reward"),
-                    "time": state["step_time"],
-                    "generate_s_total": state["generate_s"],
-                    "env_wait_s_total": state["env_wait_s"],
-                    "in_flight_integral": state["in_flight_integral"],
-                    "in_flight_max": state["in_flight_max"],
-                    "active_per_turn": state["active_per_turn"][-1]
-                    if state["active_per_turn"]
-                    else [],
-                }
-            )
-            if held_out and (step % ns.eval_every == 0 or step == ns.steps):
-                self._eval(step, model)
-
-    args = GRPOConfig(
-        output_dir=str(out / "trl"),
-        seed=ns.seed,
-        max_steps=ns.steps,
-        num_generations=group,
-        per_device_train_batch_size=group * groups,
-        gradient_accumulation_steps=1,
-        learning_rate=cfg["learning_rate"],
-        lr_scheduler_type="constant",
-        loss_type=cfg["loss_type"],
-        beta=cfg["beta"],
-        epsilon=cfg["epsilon"],
-        max_grad_norm=cfg["max_grad_norm"],
-        scale_rewards=cfg["scale_rewards"],
-        max_completion_length=cfg["max_tokens"],  # per turn: generation_config.max_new_tokens
-        temperature=cfg["temperature"],
-        top_p=cfg["top_p"],
-        top_k=0,
-        shuffle_dataset=False,
-        disable_dropout=True,
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        report_to=[],
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-        log_completions=False,
-        dataloader_num_workers=0,
-    )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=[env_return],
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        callbacks=[HeldOutEval()],
-        rollout_func=rollout_func,
-    )
-    inner = trainer._generate_and_score_completions
-
-    def timed(*a, **kw):  # measurement only: how long the learner is not optimizing
-        started = time.time()
-        try:
-            return inner(*a, **kw)
-        finally:
-            state["generate_s"] += time.time() - started
-
-    trainer._generate_and_score_completions = timed
-    trainer.train()
-    (out / "trl.json").write_text(
-        json.dumps(
-            {
-                "train_begin": state["train_begin"],
-                "end": clock(),
-                "eval_s": state["eval_s"],
-                "generate_s": state["generate_s"],
-                "env_wait_s": state["env_wait_s"],
-                "active_per_turn": state["active_per_turn"],
-                "sandbox_s": state["sandbox_s"],
-                "call_s": state["call_s"],
-            }
-        )
-    )
+    rows = [{"prompt": [{"role": "user", "content": k}]} for k in keys]
+    w.train(rows, [env_return], rollout_func, step_fields, info_fields)
     pool.shutdown()
 
 
@@ -438,54 +286,27 @@ def run_trl(
     seed: int, steps: int, eval_every: int, eval_tasks: int, threads: int, workdir: Path,
     timeout_s: float, settings: dict[str, Any], case: str = "math",
 ) -> H.RunResult:  # fmt: skip
-    out = workdir / f"{case}-trl-s{seed}"
-    argv = [
-        sys.executable, str(Path(__file__).resolve()), "--trl-worker",
-        "--seed", str(seed), "--steps", str(steps), "--eval-every", str(eval_every),
-        "--eval-tasks", str(eval_tasks), "--threads", str(threads), "--out", str(out),
-        "--settings", json.dumps(settings),
-    ]  # fmt: skip
-    env = H.child_env(threads, {"OMP_WAIT_POLICY": "PASSIVE", "TRL_EXPERIMENTAL_SILENCE": "1"})
-    log = workdir / f"{case}-trl-s{seed}.log"
-    outcome = H.run_subprocess(argv, log, timeout_s, env)
-    result = H.RunResult("trl", seed, ok=False, wall_s=outcome.wall_s, run_dir=str(out))
-    records = H.read_jsonl(out / "metrics.jsonl")
-    info_path = out / "trl.json"
-    info = json.loads(info_path.read_text()) if info_path.exists() else {}
-    begin = info.get("train_begin")
-    if begin is None:
-        begin = min((float(r["time"]) for r in records if "time" in r), default=outcome.started)
-    result.startup_s = begin - outcome.started
-    result.t0 = begin
-    res = H.summarize_policy(records, "policy", begin)
-    steps_recs = H.step_records(records, "policy")
+    return T.run_worker(
+        Path(__file__), "trl", seed, steps, eval_every, eval_tasks, threads,
+        workdir / f"{case}-trl-s{seed}", workdir / f"{case}-trl-s{seed}.log", timeout_s, settings,
+        env={"TRL_EXPERIMENTAL_SILENCE": "1"}, extras=_trl_extras,
+    )  # fmt: skip
+
+
+def _trl_extras(
+    res: H.PolicyResult, steps_recs: list[dict[str, Any]], info: dict[str, Any]
+) -> None:
+    """The agentic figures of a TRL run: tool wait, episodes in flight and active per turn (from
+    its step events), the sandbox's run times and its env calls' wall times (from trl.json)."""
     if steps_recs and res.train_s:
         last = steps_recs[-1]
-        generate_s = float(last["generate_s_total"])
-        res.idle_fraction = min(1.0, generate_s / res.train_s)
-        res.extra["generate_s_per_step"] = generate_s / len(steps_recs)
         res.extra["env_wait_s_per_step"] = float(last["env_wait_s_total"]) / len(steps_recs)
-        res.extra["optimize_s_per_step"] = (res.train_s - generate_s) / len(steps_recs)
         res.extra["episodes_in_flight_mean"] = float(last["in_flight_integral"]) / res.train_s
         res.extra["episodes_in_flight_max"] = int(last["in_flight_max"])
         res.extra["active_per_turn"] = [r.get("active_per_turn") for r in steps_recs]
-    res.extra["eval_s_excluded"] = info.get("eval_s")
     if info.get("sandbox_s"):
         res.extra["sandbox_s"] = [x for x in info["sandbox_s"] if x is not None]
         res.extra["env_call_s"] = info.get("call_s") or []
-    res.extra["episodes"] = res.trained_samples
-    result.policies["policy"] = res
-    problems = []
-    if outcome.timed_out:
-        problems.append(f"TRL run killed after {timeout_s:.0f}s")
-    elif outcome.returncode != 0:
-        problems.append(f"TRL worker exited with status {outcome.returncode}")
-    if res.steps == 0:
-        problems.append("no TRL step recorded")
-    if problems:
-        result.error = "; ".join(problems) + "\n" + H._log_tail(log)
-    result.ok = not problems
-    return result
 
 
 # ----------------------------------------------------------------------------- AstraFlow
@@ -595,33 +416,19 @@ def run_astraflow(
 
 
 def analyse(runs: list[H.RunResult], settings: dict[str, Any]) -> dict[str, Any]:
-    present = [s for s in SYSTEMS if any(r.system == s for r in runs)]
-    by_system: dict[str, list[H.PolicyResult]] = {s: [] for s in present}
-    walls: dict[str, list[float]] = {s: [] for s in present}
-    for r in runs:
-        if r.ok and "policy" in r.policies:
-            by_system[r.system].append(r.policies["policy"])
-            walls[r.system].append(r.wall_s)
+    ok = H.successful_runs(runs, SYSTEMS)
+    by_system = {s: [r.policies["policy"] for r in rs] for s, rs in ok.items()}
     before = H.spread(p.accuracy_before for ps in by_system.values() for p in ps).median
     trl_final = H.spread(p.accuracy_final for p in by_system.get("trl", [])).median
     # The ladder: every 0.01 from just above the start to the best median final accuracy.
     finals = [H.spread(p.accuracy_final for p in ps).median for ps in by_system.values() if ps]
     top = max((f for f in finals if f is not None), default=None)
-    levels: list[float] = []
-    if before is not None and top is not None:
-        level = math.floor(before * 100 + 1) / 100
-        while level <= top + 1e-9:
-            levels.append(round(level, 2))
-            level += 0.01
+    levels = H.accuracy_levels(before, top)
     systems: dict[str, Any] = {}
     for s, ps in by_system.items():
         tta_trl = [H.time_to_accuracy(p.evals, trl_final) if trl_final else None for p in ps]
         systems[s] = {
-            "runs": len(ps),
-            "wall_s": H.spread_json(H.spread(walls[s])),
-            "train_s": H.spread_json(H.spread(p.train_s for p in ps)),
-            "samples_per_s": H.spread_json(H.spread(p.samples_per_s for p in ps)),
-            "trained_samples": H.spread_json(H.spread(p.trained_samples for p in ps)),
+            **H.throughput_json(ok[s]),
             "acc_before": H.spread_json(H.spread(p.accuracy_before for p in ps)),
             "final_acc": H.spread_json(H.spread(p.accuracy_final for p in ps)),
             "trainer_idle": H.spread_json(H.spread(p.idle_fraction for p in ps)),
@@ -820,9 +627,7 @@ def straggler_report(settings: dict[str, Any], trl_runs: list[H.PolicyResult]) -
 
 
 def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
-    def sp(d: dict[str, Any], spec: str = "{:.1f}", unit: str = "") -> str:
-        return H.Spread(d["median"], d["min"], d["max"], d["n"]).text(spec, unit)
-
+    sp = H.spread_text
     rows = []
     for s, d in summary["systems"].items():
         rows.append(
@@ -887,66 +692,27 @@ def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
             f"TRL measured: {trl['env_wait_s_per_step']['median']:.1f}s of tool wait and "
             f"{trl['generate_s_per_step']['median']:.1f}s of rollout (generation + tools) per step"
         )
-    ladder = summary.get("ladder") or []
-    if ladder:
-        systems = list(summary["systems"])
-        H.console.print(
-            H.table(
-                "median seconds to reach each held-out accuracy ('-' = not reached by half the "
-                "seeds)",
-                ["accuracy", *systems],
-                [
-                    [
-                        lvl,
-                        *(
-                            H.fmt(summary["systems"][s]["time_to_acc"].get(lvl), "{:.0f}", "s")
-                            for s in systems
-                        ),
-                    ]
-                    for lvl in ladder
-                ],
-            )  # fmt: skip
-        )
+    systems = summary["systems"]
+    H.print_ladder(
+        "median seconds to reach each held-out accuracy ('-' = not reached by half the seeds)",
+        list(systems),
+        {
+            lvl: {s: d["time_to_acc"].get(lvl) for s, d in systems.items()}
+            for lvl in summary.get("ladder") or []
+        },
+    )
     for s, d in summary["systems"].items():
         if d["drops"]:
             H.console.print(f"[dim]{s} dropped samples by reason (per run): {d['drops']}[/]")
-    for r in runs:
-        if not r.ok:
-            H.console.print(f"[red]{r.system} seed {r.seed} failed:[/] {r.error}")
-    for note in NOTES:
-        H.console.print(f"[dim]- {note}[/]")
+    H.print_failures(runs, NOTES)
 
 
 def plot(runs: list[H.RunResult], path: Path) -> Path | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    labelled: set[str] = set()
-    for r in runs:
-        p = r.policies.get("policy")
-        if not r.ok or p is None or not p.evals:
-            continue
-        label = None if r.system in labelled else r.system
-        labelled.add(r.system)
-        ax.plot([e.t for e in p.evals], [e.accuracy for e in p.evals], color=COLOURS[r.system],
-                marker="o", ms=3, alpha=0.75, lw=1.2, label=label)  # fmt: skip
-    if not labelled:
-        plt.close(fig)
-        return None
-    ax.set_xscale("symlog", linthresh=10)
-    ax.set_xlabel("seconds since training start (evaluation pauses excluded; symlog)")
-    ax.set_ylabel("held-out greedy accuracy")
-    ax.set_title("Multi-turn math, long-tailed tool latency: one line per seed")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return H.plot_accuracy(
+        runs, path, COLOURS, "Multi-turn math, long-tailed tool latency: one line per seed",
+        "seconds since training start (evaluation pauses excluded; symlog)", symlog=True,
+        marker="o", ms=3,
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- main
@@ -990,11 +756,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="recipe override for the AstraFlow runs only (tuning; recorded in the results)",
     )
-    ap.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
-    ap.add_argument("--out", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--settings", default="{}", help=argparse.SUPPRESS)
+    T.add_worker_args(ap)
     ns = ap.parse_args(argv)
     if ns.trl_worker:
         trl_worker(ns)
@@ -1006,10 +768,7 @@ def main(argv: list[str] | None = None) -> int:
     eval_every = ns.eval_every or (1 if ns.quick else EVAL_EVERY)
     eval_tasks = ns.eval_tasks or (100 if ns.quick else EVAL_TASKS)
     timeout = ns.timeout or (300.0 if ns.quick else 1200.0)
-    systems = [s.strip() for s in ns.systems.split(",") if s.strip()]
-    unknown = set(systems) - set(SYSTEMS)
-    if unknown:
-        ap.error(f"--systems: unknown {sorted(unknown)}; expected some of {', '.join(SYSTEMS)}")
+    systems = H.parse_systems(ap, ns.systems, SYSTEMS)
     cases = [c.strip() for c in (ns.cases or ("math" if ns.quick else "math,sandbox")).split(",")]
     if set(cases) - set(CASES):
         ap.error(f"--cases: unknown {sorted(set(cases) - set(CASES))}; expected {', '.join(CASES)}")
@@ -1028,13 +787,6 @@ def main(argv: list[str] | None = None) -> int:
     settings["overrides"] = list(ns.sets)
     settings["astraflow_extra_overrides"] = list(ns.af_set)
 
-    tmp = None
-    if ns.workdir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="astraflow-agentic-")
-        workdir = Path(tmp.name)
-    else:
-        workdir = ns.workdir.resolve()
-        workdir.mkdir(parents=True, exist_ok=True)
     runs: list[H.RunResult] = []
     sandbox_runs: list[H.RunResult] = []
     if ns.from_json:
@@ -1048,54 +800,28 @@ def main(argv: list[str] | None = None) -> int:
         seeds = 0
     if "math" not in cases:
         seeds = 0
-    try:
+    extra = [*ns.sets, *ns.af_set]
+    with H.bench_workdir(ns.workdir, "astraflow-agentic-") as workdir:
+        # one case, one system, one seed: the TRL worker or an AstraFlow run of the case's recipe
+        def run(case, system, seed, steps, every, tasks, case_settings) -> H.RunResult:
+            if system == "trl":
+                return run_trl(seed, steps, every, tasks, ns.trl_threads, workdir, timeout,
+                               case_settings, case=case)  # fmt: skip
+            return run_astraflow(system.removeprefix("astraflow_"), seed, steps, every, tasks,
+                                 workdir, timeout, case_settings, extra, case=case)  # fmt: skip
+
+        accuracy = _train_and("final accuracy", "accuracy_final", "{:.3f}")
+        throughput = _train_and("samples/s", "samples_per_s", "{:.1f}")
         for seed in range(seeds):
             for system in systems:
                 label = f"{system} seed {seed} ({steps} steps, eval every {eval_every})"
-                with H.console.status(f"running {label}…"):
-                    started = time.time()
-                    if system == "trl":
-                        r = run_trl(
-                            seed, steps, eval_every, eval_tasks, ns.trl_threads, workdir,
-                            timeout, settings,
-                        )  # fmt: skip
-                    else:
-                        r = run_astraflow(
-                            system.removeprefix("astraflow_"), seed, steps, eval_every,
-                            eval_tasks, workdir, timeout, settings, [*ns.sets, *ns.af_set],
-                        )  # fmt: skip
-                runs.append(r)
-                pol = r.policies.get("policy")
-                status = "[green]ok[/]" if r.ok else "[red]failed[/]"
-                H.console.print(
-                    f"{status} {label}: {time.time() - started:.0f}s, train "
-                    f"{H.fmt(pol.train_s if pol else None, '{:.0f}', 's')}, final accuracy "
-                    f"{H.fmt(pol.accuracy_final if pol else None, '{:.3f}')}"
-                )
+                job = partial(run, "math", system, seed, steps, eval_every, eval_tasks, settings)
+                runs.append(H.run_logged(label, job, accuracy))
         for seed in range(ns.sandbox_seeds if sandbox_settings and not ns.from_json else 0):
             for system in systems:
                 label = f"sandbox {system} seed {seed} ({sandbox_steps} steps)"
-                with H.console.status(f"running {label}…"):
-                    started = time.time()
-                    if system == "trl":
-                        r = run_trl(
-                            seed, sandbox_steps, 1, 0, ns.trl_threads, workdir, timeout,
-                            sandbox_settings, case="sandbox",
-                        )  # fmt: skip
-                    else:
-                        r = run_astraflow(
-                            system.removeprefix("astraflow_"), seed, sandbox_steps, 1, 0,
-                            workdir, timeout, sandbox_settings, [*ns.sets, *ns.af_set],
-                            case="sandbox",
-                        )  # fmt: skip
-                sandbox_runs.append(r)
-                pol = r.policies.get("policy")
-                status = "[green]ok[/]" if r.ok else "[red]failed[/]"
-                H.console.print(
-                    f"{status} {label}: {time.time() - started:.0f}s, train "
-                    f"{H.fmt(pol.train_s if pol else None, '{:.0f}', 's')}, samples/s "
-                    f"{H.fmt(pol.samples_per_s if pol else None, '{:.1f}')}"
-                )
+                job = partial(run, "sandbox", system, seed, sandbox_steps, 1, 0, sandbox_settings)
+                sandbox_runs.append(H.run_logged(label, job, throughput))
         summary = analyse(runs, settings) if runs else {}
         if runs:
             print_report(summary, runs)
@@ -1106,14 +832,7 @@ def main(argv: list[str] | None = None) -> int:
         elif sandbox_skipped:
             sandbox = {"skipped": sandbox_skipped}
             H.console.print(f"[yellow]sandbox case skipped: {sandbox_skipped}[/]")
-        plotted = None
-        if ns.plot and runs:
-            try:
-                plotted = plot(runs, ns.plot)
-            except Exception as exc:  # noqa: BLE001 - the numbers matter more than the picture
-                H.console.print(f"[yellow]plot failed: {exc}[/]")
-            if plotted:
-                H.console.print(f"plot: {plotted}")
+        plotted = H.plot_safely(lambda: plot(runs, ns.plot)) if ns.plot and runs else None
         if ns.json:
             payload = {
                 "benchmark": "agentic",
@@ -1143,10 +862,19 @@ def main(argv: list[str] | None = None) -> int:
                 payload["sandbox"] = sandbox | {"runs": [r.to_json() for r in sandbox_runs]}
             H.write_json(ns.json, payload)
             H.console.print(f"wrote {ns.json}")
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
     return 0 if all(r.ok for r in [*runs, *sandbox_runs]) else 1
+
+
+def _train_and(label: str, attr: str, spec: str) -> Callable[[H.PolicyResult | None], str]:
+    """A run's outcome figures: its training seconds and its ``attr`` (e.g. final accuracy)."""
+
+    def figures(pol: H.PolicyResult | None) -> str:
+        return (
+            f"train {H.fmt(pol.train_s if pol else None, '{:.0f}', 's')}, {label} "
+            f"{H.fmt(getattr(pol, attr) if pol else None, spec)}"
+        )
+
+    return figures
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -265,11 +266,7 @@ def plot(runs: dict[str, H.RunResult], path: Path) -> Path | None:
         ax.set_xlabel("seconds since training start")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return H.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,24 +307,16 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(ns.seed, ns.seed + ns.seeds):
         for mode in MODES:
             label = f"{mode} mode, seed {seed}, {steps} steps per policy"
-            with H.console.status(f"running {label}…"):
-                started = time.time()
-                run = run_mode(
-                    mode, seed, steps, eval_every, eval_tasks, workdir, timeout,
-                    solver_final_eval(recipe, seed, eval_tasks),
-                )  # fmt: skip
-            runs[mode].append(run)
-            status = "[green]ok[/]" if run.ok else "[red]failed[/]"
-            H.console.print(f"{status} {label}: {time.time() - started:.0f}s")
+            job = partial(
+                run_mode, mode, seed, steps, eval_every, eval_tasks, workdir, timeout,
+                solver_final_eval(recipe, seed, eval_tasks),
+            )  # fmt: skip
+            runs[mode].append(H.run_logged(label, job, None))
     summary = analyse(runs)
     print_report(summary, runs)
-    written = None
-    try:
-        written = plot({mode: seeds[0] for mode, seeds in runs.items() if seeds}, plot_path)
-    except Exception as exc:  # noqa: BLE001 - the numbers matter more than the picture
-        H.console.print(f"[yellow]plot failed: {exc}[/]")
-    if written:
-        H.console.print(f"plot: {written}")
+    written = H.plot_safely(
+        lambda: plot({mode: seeds[0] for mode, seeds in runs.items() if seeds}, plot_path)
+    )
     if ns.json:
         payload = {
             "benchmark": "multi_policy",

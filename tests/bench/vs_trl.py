@@ -41,14 +41,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-import tempfile
-import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import _harness as H
+import _trl as T
 
 QUICKSTART = H.REPO_ROOT / "recipes" / "quickstart.toml"
 SYSTEMS = ("trl", "trl_1thread", "astraflow_async", "astraflow_sync")
@@ -82,26 +81,7 @@ def quickstart_settings() -> dict[str, Any]:
     from astraflow.recipe import load_recipe
 
     recipe = load_recipe(QUICKSTART)
-    policy = recipe.policies[recipe.workflow.roles["agent"]]
-    return {
-        "model": policy.model,
-        "temperature": policy.sampling.temperature,
-        "top_p": policy.sampling.top_p,
-        "max_tokens": policy.sampling.max_tokens,
-        "group_size": recipe.tasks.group_size,
-        "groups_per_step": policy.trainer.groups_per_step,
-        "learning_rate": policy.trainer.learning_rate,
-        "loss_type": policy.trainer.loss_type,
-        "beta": policy.trainer.beta,
-        "epsilon": policy.trainer.epsilon,
-        "max_grad_norm": policy.trainer.max_grad_norm,
-        "scale_rewards": policy.trainer.scale_rewards,
-        "env": recipe.tasks.env,
-        "env_kwargs": recipe.tasks.env_kwargs,
-        "task_set": recipe.tasks.sets[0].name,
-        "train_split": recipe.tasks.sets[0].split,
-        "eval_split": recipe.evaluation.split,
-        "max_steps": recipe.run.max_steps,
+    return T.grpo_settings(recipe) | {
         "eval_every": recipe.evaluation.every_steps,
         "eval_tasks": recipe.evaluation.num_tasks,
     }
@@ -135,38 +115,11 @@ def trl_worker(ns: argparse.Namespace) -> None:
     """Train with stock ``trl.GRPOTrainer``; write metrics in AstraFlow's metrics.jsonl format.
 
     Runs in its own process (spawned by :func:`run_trl`) so that its threads, memory and start-up
-    are measured exactly like an ``astraflow train`` subprocess.
+    are measured exactly like an ``astraflow train`` subprocess. The reward is the recipe env's
+    grading of the single answer (astraflow/Math-v0).
     """
-    import torch
-
-    torch.set_num_threads(ns.threads)
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from astraflow.models import load_tokenizer, resolve_model
-    from tasks.catalog import load_task_set
-
-    cfg = json.loads(ns.settings)
-    out = Path(ns.out)
-    out.mkdir(parents=True, exist_ok=True)
-    metrics_path = out / "metrics.jsonl"
-    group, groups = cfg["group_size"], cfg["groups_per_step"]
-    train = load_task_set(
-        cfg["task_set"], cfg["train_split"], seed=ns.seed, limit=ns.steps * groups
-    )
-    held_out = load_task_set(cfg["task_set"], cfg["eval_split"], seed=ns.seed, limit=ns.eval_tasks)
-    dataset = Dataset.from_list(
-        [
-            {"prompt": [{"role": "user", "content": p["question"]}], "answer": p["answer"]}
-            for p in train
-        ]
-    )
-    path = resolve_model(cfg["model"])
-    tokenizer = load_tokenizer(path)
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    score = H.env_scorer(cfg["env"], cfg["env_kwargs"])  # the recipe env: astraflow/Math-v0
+    w = T.Worker.start(ns)
+    score = w.score or H.env_scorer(w.cfg["env"], w.cfg["env_kwargs"])
 
     def math_env_reward(prompts, completions, answer, **_: Any) -> list[float]:
         rewards = []
@@ -176,170 +129,21 @@ def trl_worker(ns: argparse.Namespace) -> None:
             rewards.append(score(question, gold, text))
         return rewards
 
-    def evaluate(m) -> float:
-        return H.greedy_accuracy(m, tokenizer, held_out, cfg["max_tokens"], score)
-
-    state: dict[str, Any] = {"eval_s": 0.0, "generate_s": 0.0, "train_begin": None}
-
-    def clock() -> float:
-        """Absolute time with the evaluation pauses taken out (TRL's training clock)."""
-        return time.time() - state["eval_s"]
-
-    def write(record: dict[str, Any]) -> None:
-        with metrics_path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-
-    class HeldOutEval(TrainerCallback):
-        def _eval(self, step: int, m) -> None:
-            started = time.time()
-            acc = evaluate(m)
-            took = time.time() - started
-            state["eval_s"] += took
-            write(
-                {
-                    "type": "eval",
-                    "policy": "policy",
-                    "step": step,
-                    "accuracy": acc,
-                    "n": len(held_out),
-                    "eval_s": took,
-                    "time": clock(),
-                }
-            )
-
-        def on_train_begin(self, args, st, control, model=None, **kw):
-            state["train_begin"] = time.time()
-            self._eval(0, model)
-
-        def on_step_end(self, args, st, control, model=None, **kw):
-            state["step_time"] = clock()
-            state["pending_step"] = st.global_step
-
-        def on_log(self, args, st, control, logs=None, model=None, **kw):
-            step = state.pop("pending_step", None)
-            if step is None or not logs or "loss" not in logs:
-                return
-            write(
-                {
-                    "type": "step",
-                    "policy": "policy",
-                    "step": step,
-                    "samples": group * groups,
-                    "reward_mean": logs.get("reward"),
-                    "time": state["step_time"],
-                    "generate_s_total": state["generate_s"],
-                }
-            )
-            if step % ns.eval_every == 0 or step == ns.steps:
-                self._eval(step, model)
-
-    args = GRPOConfig(
-        output_dir=str(out / "trl"),
-        seed=ns.seed,
-        max_steps=ns.steps,
-        num_generations=group,
-        per_device_train_batch_size=group * groups,
-        gradient_accumulation_steps=1,
-        learning_rate=cfg["learning_rate"],
-        lr_scheduler_type="constant",
-        loss_type=cfg["loss_type"],
-        beta=cfg["beta"],
-        epsilon=cfg["epsilon"],
-        max_grad_norm=cfg["max_grad_norm"],
-        scale_rewards=cfg["scale_rewards"],
-        max_completion_length=cfg["max_tokens"],
-        temperature=cfg["temperature"],
-        top_p=cfg["top_p"],
-        top_k=0,
-        shuffle_dataset=False,
-        disable_dropout=True,
-        use_cpu=True,
-        bf16=False,  # TRL defaults to bf16 autocast; AstraFlow's CPU trainer is float32
-        fp16=False,
-        report_to=[],
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-        log_completions=False,
-        dataloader_num_workers=0,
-    )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=[math_env_reward],
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        callbacks=[HeldOutEval()],
-    )
-    generate = trainer._generate_and_score_completions
-
-    def timed_generate(*a, **kw):  # measurement only: how long the learner is not optimizing
-        started = time.time()
-        try:
-            return generate(*a, **kw)
-        finally:
-            state["generate_s"] += time.time() - started
-
-    trainer._generate_and_score_completions = timed_generate
-    trainer.train()
-    (out / "trl.json").write_text(
-        json.dumps(
-            {
-                "train_begin": state["train_begin"],
-                "end": clock(),
-                "eval_s": state["eval_s"],
-                "generate_s": state["generate_s"],
-            }
-        )
-    )
+    rows = [
+        {"prompt": [{"role": "user", "content": p["question"]}], "answer": p["answer"]}
+        for p in w.train_tasks
+    ]
+    w.train(rows, [math_env_reward])
 
 
 def run_trl(
     seed: int, steps: int, eval_every: int, eval_tasks: int, threads: int, workdir: Path,
     timeout_s: float, settings: dict[str, Any], system: str = "trl",
 ) -> H.RunResult:  # fmt: skip
-    out = workdir / f"{system}-s{seed}"
-    argv = [
-        sys.executable, str(Path(__file__).resolve()), "--trl-worker",
-        "--seed", str(seed), "--steps", str(steps), "--eval-every", str(eval_every),
-        "--eval-tasks", str(eval_tasks), "--threads", str(threads), "--out", str(out),
-        "--settings", json.dumps(settings),
-    ]  # fmt: skip
-    # PASSIVE: idle OpenMP threads sleep instead of spinning. On a busy 2-core machine a spinning
-    # 2-thread torch runs 10-20x slower (measured: 64x12-token generate 0.3s -> 4.6s).
-    env = H.child_env(threads, {"OMP_WAIT_POLICY": "PASSIVE"})
-    log = workdir / f"{system}-s{seed}.log"
-    outcome = H.run_subprocess(argv, log, timeout_s, env)
-    result = H.RunResult(system, seed, ok=False, wall_s=outcome.wall_s, run_dir=str(out))
-    records = H.read_jsonl(out / "metrics.jsonl")
-    info_path = out / "trl.json"
-    info = json.loads(info_path.read_text()) if info_path.exists() else {}
-    begin = info.get("train_begin")
-    if begin is None:
-        begin = min((float(r["time"]) for r in records if "time" in r), default=outcome.started)
-    result.startup_s = begin - outcome.started
-    result.t0 = begin
-    res = H.summarize_policy(records, "policy", begin)
-    steps_recs = H.step_records(records, "policy")
-    if steps_recs and res.train_s:
-        res.idle_fraction = min(1.0, float(steps_recs[-1]["generate_s_total"]) / res.train_s)
-        generate_s = float(steps_recs[-1]["generate_s_total"])
-        res.extra["generate_s_per_step"] = generate_s / len(steps_recs)
-        res.extra["optimize_s_per_step"] = (res.train_s - generate_s) / len(steps_recs)
-    res.extra["eval_s_excluded"] = info.get("eval_s")
-    res.extra["episodes"] = res.trained_samples
-    result.policies["policy"] = res
-    problems = []
-    if outcome.timed_out:
-        problems.append(f"TRL run killed after {timeout_s:.0f}s")
-    elif outcome.returncode != 0:
-        problems.append(f"TRL worker exited with status {outcome.returncode}")
-    if res.steps == 0:
-        problems.append("no TRL step recorded")
-    if problems:
-        result.error = "; ".join(problems) + "\n" + H._log_tail(log)
-    result.ok = not problems
-    return result
+    return T.run_worker(
+        Path(__file__), system, seed, steps, eval_every, eval_tasks, threads,
+        workdir / f"{system}-s{seed}", workdir / f"{system}-s{seed}.log", timeout_s, settings,
+    )  # fmt: skip
 
 
 def run_astraflow(
@@ -426,15 +230,8 @@ def published_version_evals(
 
 
 def analyse(runs: list[H.RunResult], threshold_arg: float | None) -> dict[str, Any]:
-    present = [s for s in SYSTEMS if any(r.system == s for r in runs)]
-    by_system: dict[str, list[H.PolicyResult]] = {s: [] for s in present}
-    wall: dict[str, list[float]] = {s: [] for s in present}
-    startup: dict[str, list[float | None]] = {s: [] for s in present}
-    for r in runs:
-        if r.ok and "policy" in r.policies:
-            by_system[r.system].append(r.policies["policy"])
-            wall[r.system].append(r.wall_s)
-            startup[r.system].append(r.startup_s)
+    ok = H.successful_runs(runs, SYSTEMS)
+    by_system = {s: [r.policies["policy"] for r in rs] for s, rs in ok.items()}
     before = H.spread(p.accuracy_before for ps in by_system.values() for p in ps).median
     if threshold_arg is not None:
         threshold, how = threshold_arg, "given with --threshold"
@@ -447,12 +244,7 @@ def analyse(runs: list[H.RunResult], threshold_arg: float | None) -> dict[str, A
     for s, ps in by_system.items():
         tta = [H.time_to_accuracy(p.evals, threshold) if threshold else None for p in ps]
         systems[s] = {
-            "runs": len(ps),
-            "wall_s": H.spread_json(H.spread(wall[s])),
-            "startup_s": H.spread_json(H.spread(startup[s])),
-            "train_s": H.spread_json(H.spread(p.train_s for p in ps)),
-            "samples_per_s": H.spread_json(H.spread(p.samples_per_s for p in ps)),
-            "trained_samples": H.spread_json(H.spread(p.trained_samples for p in ps)),
+            **H.throughput_json(ok[s], startup=True),
             "accuracy_before": H.spread_json(H.spread(p.accuracy_before for p in ps)),
             "accuracy_final": H.spread_json(H.spread(p.accuracy_final for p in ps)),
             "accuracy_best": H.spread_json(H.spread(p.accuracy_best for p in ps)),
@@ -475,15 +267,13 @@ def analyse(runs: list[H.RunResult], threshold_arg: float | None) -> dict[str, A
     tta_med = {s: systems[s]["time_to_acc_s"]["median"] for s in systems}
     # The headline threshold sits near the plateau, where one noisy evaluation decides; the ladder
     # shows the same race at every 0.01 of accuracy between the start and the threshold.
-    ladder: dict[str, dict[str, float | None]] = {}
-    if threshold and before is not None:
-        level = math.floor(before * 100 + 1) / 100
-        while level <= threshold + 1e-9:
-            ladder[f"{level:.2f}"] = {
-                s: H.censored_spread([H.time_to_accuracy(p.evals, level) for p in ps]).median
-                for s, ps in by_system.items()
-            }
-            level = round(level + 0.01, 2)
+    ladder = {
+        f"{level:.2f}": {
+            s: H.censored_spread([H.time_to_accuracy(p.evals, level) for p in ps]).median
+            for s, ps in by_system.items()
+        }
+        for level in H.accuracy_levels(before, threshold or None)
+    }
     return {
         "threshold": threshold,
         "threshold_rule": how,
@@ -525,9 +315,7 @@ def _pipeline_bound(two: dict[str, Any] | None, one: dict[str, Any] | None) -> f
 
 
 def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
-    def sp(d: dict[str, Any], spec: str = "{:.1f}", unit: str = "") -> str:
-        return H.Spread(d["median"], d["min"], d["max"], d["n"]).text(spec, unit)
-
+    sp = H.spread_text
     rows = []
     for s, d in summary["systems"].items():
         rows.append(
@@ -592,20 +380,12 @@ def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
         "trainer idle: AstraFlow = share of the training window the trainer waited for a batch; "
         "TRL = share of training time spent generating and scoring (not optimizing)."
     )
-    ladder = summary.get("time_to_acc_ladder") or {}
-    if ladder:
-        systems = list(summary["systems"])
-        H.console.print(
-            H.table(
-                "median seconds to reach each held-out accuracy (censored: '-' = not reached by "
-                "half the seeds)",
-                ["accuracy", *systems],
-                [
-                    [lvl, *(H.fmt(t.get(s), "{:.0f}", "s") for s in systems)]
-                    for lvl, t in ladder.items()
-                ],
-            )  # fmt: skip
-        )
+    H.print_ladder(
+        "median seconds to reach each held-out accuracy (censored: '-' = not reached by half the "
+        "seeds)",
+        list(summary["systems"]),
+        summary.get("time_to_acc_ladder") or {},
+    )
     for s, d in summary["systems"].items():
         if d["final_eval_by_bench"] or d["final_eval_missing"]:
             H.console.print(
@@ -614,44 +394,16 @@ def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
                 f"bench evaluated the final checkpoint itself in {d['final_eval_by_bench']} "
                 "(same greedy decoding, problems and scoring)[/]"
             )
-    for r in runs:
-        if not r.ok:
-            H.console.print(f"[red]{r.system} seed {r.seed} failed:[/] {r.error}")
-    for note in NOTES:
-        H.console.print(f"[dim]- {note}[/]")
+    H.print_failures(runs, NOTES)
 
 
 def plot(runs: list[H.RunResult], path: Path) -> Path | None:
     """Held-out accuracy against training time, one line per run, one colour per system."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     colours = dict(zip(SYSTEMS, ("tab:blue", "tab:gray", "tab:red", "tab:orange"), strict=True))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    labelled: set[str] = set()
-    for r in runs:
-        p = r.policies.get("policy")
-        if not r.ok or p is None or not p.evals:
-            continue
-        label = None if r.system in labelled else r.system
-        labelled.add(r.system)
-        ax.plot([e.t for e in p.evals], [e.accuracy for e in p.evals], color=colours[r.system],
-                alpha=0.75, lw=1.2, label=label)  # fmt: skip
-    if not labelled:
-        plt.close(fig)
-        return None
-    ax.set_xlabel("seconds since training start (evaluation pauses excluded)")
-    ax.set_ylabel("held-out greedy accuracy")
-    ax.set_title("AstraFlow vs TRL GRPOTrainer, one line per seed")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return H.plot_accuracy(
+        runs, path, colours, "AstraFlow vs TRL GRPOTrainer, one line per seed",
+        "seconds since training start (evaluation pauses excluded)",
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- main
@@ -695,11 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         help="extra recipe override for the AstraFlow runs (exploration; results record it)",
     )
     # internal: the TRL run itself, in a subprocess
-    ap.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
-    ap.add_argument("--out", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--settings", default="{}", help=argparse.SUPPRESS)
+    T.add_worker_args(ap)
     ns = ap.parse_args(argv)
     if ns.trl_worker:
         trl_worker(ns)
@@ -711,63 +459,38 @@ def main(argv: list[str] | None = None) -> int:
     eval_every = ns.eval_every or (4 if ns.quick else 10)
     eval_tasks = ns.eval_tasks or (100 if ns.quick else settings["eval_tasks"])
     timeout = ns.timeout or (240.0 if ns.quick else 1800.0)
-    systems = [s.strip() for s in ns.systems.split(",") if s.strip()]
-    unknown = set(systems) - set(SYSTEMS)
-    if unknown:
-        ap.error(f"--systems: unknown {sorted(unknown)}; expected some of {', '.join(SYSTEMS)}")
+    systems = H.parse_systems(ap, ns.systems, SYSTEMS)
     settings.update(max_steps=steps, eval_every=eval_every, eval_tasks=eval_tasks, seeds=seeds)
     af_set = ([] if ns.keep_filters else [trl_data_treatment()]) + list(ns.af_set)
     settings["astraflow_extra_overrides"] = af_set
 
-    tmp = None
-    if ns.workdir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="astraflow-vs-trl-")
-        workdir = Path(tmp.name)
-    else:
-        workdir = ns.workdir.resolve()
-        workdir.mkdir(parents=True, exist_ok=True)
     runs: list[H.RunResult] = []
     if ns.from_json:
         saved = json.loads(ns.from_json.read_text())
         runs = [H.RunResult.from_json(r) for r in saved["runs"]]
         settings = saved["settings"]
         seeds = 0  # nothing to run
-    try:
+    with H.bench_workdir(ns.workdir, "astraflow-vs-trl-") as workdir:
         for seed in range(seeds):
             for system in systems:
+                if system.startswith("trl"):
+                    threads = 1 if system == "trl_1thread" else ns.trl_threads
+                    run = partial(
+                        run_trl, seed, steps, eval_every, eval_tasks, threads, workdir, timeout,
+                        settings, system,
+                    )  # fmt: skip
+                else:
+                    run = partial(
+                        run_astraflow, system.removeprefix("astraflow_"), seed, steps,
+                        eval_every, eval_tasks, workdir, timeout, af_set,
+                        H.checkpoint_accuracy(settings, seed),
+                        None if ns.online_eval else settings,
+                    )  # fmt: skip
                 label = f"{system} seed {seed} ({steps} steps, eval every {eval_every})"
-                with H.console.status(f"running {label}…"):
-                    started = time.time()
-                    if system.startswith("trl"):
-                        threads = 1 if system == "trl_1thread" else ns.trl_threads
-                        r = run_trl(
-                            seed, steps, eval_every, eval_tasks, threads, workdir,
-                            timeout, settings, system,
-                        )  # fmt: skip
-                    else:
-                        mode = system.removeprefix("astraflow_")
-                        r = run_astraflow(
-                            mode, seed, steps, eval_every, eval_tasks, workdir, timeout,
-                            af_set, H.checkpoint_accuracy(settings, seed),
-                            None if ns.online_eval else settings,
-                        )  # fmt: skip
-                runs.append(r)
-                pol = r.policies.get("policy")
-                status = "[green]ok[/]" if r.ok else "[red]failed[/]"
-                H.console.print(
-                    f"{status} {label}: {time.time() - started:.0f}s, final accuracy "
-                    f"{H.fmt(pol.accuracy_final if pol else None, '{:.3f}')}"
-                )
+                runs.append(H.run_logged(label, run, _final_accuracy))
         summary = analyse(runs, ns.threshold)
         print_report(summary, runs)
-        plotted = None
-        if ns.plot:
-            try:
-                plotted = plot(runs, ns.plot)
-            except Exception as exc:  # noqa: BLE001 - the numbers matter more than the picture
-                H.console.print(f"[yellow]plot failed: {exc}[/]")
-            if plotted:
-                H.console.print(f"plot: {plotted}")
+        plotted = H.plot_safely(lambda: plot(runs, ns.plot)) if ns.plot else None
         if ns.json:
             payload = {
                 "benchmark": "vs_trl",
@@ -781,10 +504,11 @@ def main(argv: list[str] | None = None) -> int:
             }
             H.write_json(ns.json, payload)
             H.console.print(f"wrote {ns.json}")
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
     return 0 if all(r.ok for r in runs) else 1
+
+
+def _final_accuracy(pol: H.PolicyResult | None) -> str:
+    return f"final accuracy {H.fmt(pol.accuracy_final if pol else None, '{:.3f}')}"
 
 
 if __name__ == "__main__":
