@@ -57,6 +57,11 @@ class _LeaseWaiter:
     expired: bool = False
 
 
+def _behind(req: LeaseRequest, outcome: LeaseGrant) -> bool:
+    """The node holds an older version of a policy than the latest announced one."""
+    return any(outcome.latest_versions.get(p, -1) > held for p, held in req.versions.items())
+
+
 def _news(waiter: _LeaseWaiter, outcome: LeaseGrant) -> bool:
     """A version the node does not hold was announced since its request last looked.
 
@@ -229,7 +234,13 @@ class DataflowService:
         (outcome,), done_at = await self.store.run(lambda tx: leases.serve(self.ctx, tx, [req]))
         if isinstance(outcome, BaseException):
             raise outcome
-        if outcome.leases or outcome.done or req.wait_s <= 0 or self._lease_kick is None:
+        if (
+            outcome.leases
+            or outcome.done
+            or req.wait_s <= 0
+            or self._lease_kick is None
+            or _behind(req, outcome)  # it must load newer weights first: tell it now
+        ):
             return outcome
         loop = asyncio.get_running_loop()
         waiter = _LeaseWaiter(req, loop.create_future(), outcome)

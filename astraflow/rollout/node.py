@@ -379,10 +379,11 @@ class RolloutNode:
         The service does the waiting: a request parks there up to ``lease_wait_s`` and is answered
         the moment work this node may take appears, so an empty reply means nothing came up and
         the loop asks again straight away. While every slot is busy the loop waits for one to free.
-        When this node's weights change under a parked request (it carries the old versions, which
-        admission control or a sync round may refuse), the request is re-sent with the new versions
-        under the same idempotency key: leases the first one was granted meanwhile come back to
-        this node instead of staying held by it unseen."""
+        A parked request is never cancelled from here: httpcore can leak a pooled connection when
+        a request is cancelled mid-response, and a node that re-asked on every new version ran its
+        pool dry. Instead the service answers a parked request at once when a version this node
+        lacks is announced (admission control or a sync round may be holding its work back), and
+        the loop asks again as soon as the weights loop has loaded it."""
         backoff = 0.0
         key: str | None = None
         while not self._stopping.is_set() and not self._done.is_set():
@@ -402,15 +403,13 @@ class RolloutNode:
             )
             asked = time.monotonic()
             try:
-                grant = await self._ask(request)
+                grant = await self.client.lease(request)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # network trouble: bounded backoff, same key
                 backoff = min(max(0.5, backoff * 2), 10.0)
                 log.warning("lease request failed: %s (retrying in %.1fs)", exc, backoff)
                 await asyncio.sleep(backoff)
-                continue
-            if grant is None:  # weights changed while parked: ask again with the new versions
                 continue
             key = None
             self._note_versions(grant.latest_versions, getattr(grant, "weight_locations", None))
@@ -429,9 +428,16 @@ class RolloutNode:
                     grant.latest_versions.get(name, -1) > served.engine.version
                     for name, served in self.policies.items()
                 )
-                if not behind and time.monotonic() - asked < min(
-                    1.0, self.settings.lease_wait_s / 2
-                ):
+                if behind:
+                    # ask again once the weights loop has them (bounded: a failing fetch must
+                    # not stop the node from asking)
+                    try:
+                        await asyncio.wait_for(
+                            self._weights_changed.wait(), timeout=self.settings.lease_wait_s
+                        )
+                    except asyncio.TimeoutError:
+                        pass
+                elif time.monotonic() - asked < min(1.0, self.settings.lease_wait_s / 2):
                     backoff = min(max(0.5, backoff * 2), 10.0)
                     await asyncio.sleep(backoff)
                 continue
@@ -441,20 +447,6 @@ class RolloutNode:
                 self._busy_slots += slots
                 task = asyncio.create_task(self._run_lease(lease, slots), name=lease.id)
                 self._in_flight[lease.id] = task
-
-    async def _ask(self, request: LeaseRequest):
-        """The service's reply to ``request``, or None if this node's weights changed first (the
-        request is then abandoned; the caller re-sends it with the new versions, same key)."""
-        ask = asyncio.ensure_future(self.client.lease(request))
-        changed = asyncio.ensure_future(self._weights_changed.wait())
-        try:
-            await asyncio.wait({ask, changed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            changed.cancel()
-            if not ask.done():
-                ask.cancel()
-                await asyncio.gather(ask, return_exceptions=True)
-        return None if ask.cancelled() else ask.result()
 
     def _slots(self, task: Task) -> int:
         return min(task.group_size, self.settings.concurrency)

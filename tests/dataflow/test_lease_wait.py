@@ -239,16 +239,19 @@ def test_a_parked_node_hears_of_the_version_it_needs_at_once(tmp_path):
         assert len(c.lease(node_id=node, max_tasks=1, versions={"policy": 1}).leases) == 1
 
 
-def test_reannounced_older_version_admits_a_lagging_node(tmp_path):
+def test_a_lagging_node_is_answered_at_once_and_admitted_after_a_reannounce(tmp_path):
     with _serve(tmp_path, dataflow={"max_lag": 1, "buffer_steps": 0}) as svc, _client(svc) as c:
         node = c.register(policies={"policy": 0}).node_id
         c.announce_version(policy="policy", version=3, location="http://w/3", digest="d")
-        parked = Parked(svc, node, {"policy": 0})
-        parked.settle(svc)
+        # too stale for admission control: told at once which version to load, not parked
         t0 = time.monotonic()
+        grant = c.lease(node_id=node, max_tasks=1, versions={"policy": 0}, wait_s=WAIT_S)
+        assert time.monotonic() - t0 < PROMPT_S
+        assert not grant.leases and grant.latest_versions == {"policy": 3}
+        assert not svc.service._lease_waiters
         # the trainer restarted from its version-1 checkpoint: versions 2 and 3 no longer exist
         c.announce_version(policy="policy", version=1, location="http://w/1", digest="d")
-        grant = _prompt(parked, t0)
+        grant = c.lease(node_id=node, max_tasks=1, versions={"policy": 0}, wait_s=WAIT_S)
         assert len(grant.leases) == 1 and grant.latest_versions == {"policy": 1}
 
 
