@@ -117,55 +117,133 @@ def test_no_process_left(quick_run):
     assert [name for name, pid in pids.items() if _alive(pid)] == []
 
 
-def test_resume_after_trainer_killed(tmp_path):
-    """Kill the trainer mid-run; `astraflow train --resume` continues from its checkpoint."""
-    import signal
+def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 300) -> None:
     import time
 
-    sets = [*SMALL, "run.max_steps=8", "policies.policy.trainer.checkpoint_every=2",
-            "evaluation.every_steps=0", f"run.output_dir={json.dumps(str(tmp_path))}"]  # fmt: skip
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (run_dir / "metrics.jsonl").exists() and any(
+            r["step"] >= step for r in _records(run_dir, "step")
+        ):
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before step {step}: {proc.stdout.read()[-3000:]}")
+        time.sleep(0.2)
+    pytest.fail(f"the run never reached step {step}")
+
+
+def _start(tmp_path: Path, *extra: str) -> tuple[list[str], subprocess.Popen]:
+    sets = [*SMALL, "run.max_steps=8", "policies.policy.trainer.checkpoint_every=3",
+            f"run.output_dir={json.dumps(str(tmp_path))}", *extra]  # fmt: skip
     argv = [sys.executable, "-m", "cli.main", "train", "recipes/quickstart.toml", "--no-live"]
     for s in sets:
         argv += ["--set", s]
-    run_dir = tmp_path / "quickstart"
-    first = subprocess.Popen(
+    proc = subprocess.Popen(
         argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    return argv, proc
+
+
+def _assert_exact_timeline(run_dir: Path, max_steps: int = 8) -> None:
+    """The final timeline: steps 1..max_steps once each, version == step, each batch once (in
+    metrics.jsonl and in the store), the weights at version max_steps, and evaluations only of
+    versions of this timeline, each version once."""
+    steps = _records(run_dir, "step")
+    assert [r["step"] for r in steps] == list(range(1, max_steps + 1))
+    assert all(r["version"] == r["step"] for r in steps)
+    ids = [r["batch_id"] for r in steps]
+    assert len(ids) == len(set(ids))
+    db = sqlite3.connect(run_dir / "dataflow.db")
+    acked = db.execute("SELECT step, id FROM batches WHERE state='acked' ORDER BY step").fetchall()
+    assert [s for s, _ in acked] == list(range(1, max_steps + 1))
+    assert [b for _, b in acked] == ids
+    assert db.execute("SELECT MAX(version) FROM versions").fetchone()[0] == max_steps
+    # no task lost: every training task is done, or pending/leased for a later step
+    stuck = db.execute(
+        "SELECT COUNT(*) FROM tasks t WHERE state='leased' AND NOT EXISTS "
+        "(SELECT 1 FROM leases l WHERE l.task_id = t.id AND l.state='active')"
+    ).fetchone()[0]
+    assert stuck == 0
+    evals = [r["version"] for r in _records(run_dir, "eval")]
+    assert len(evals) == len(set(evals)) and set(evals) <= set(range(0, max_steps + 1))
+
+
+def test_dataflow_and_trainer_killed_mid_run_are_restarted(tmp_path):
+    """SIGKILL the dataflow, then the trainer: the launcher restarts both (the dataflow from its
+    store, the trainer from checkpoint-3 or -6, the steps after it replayed) and the run ends
+    with exactly max_steps steps."""
+    import signal
+
+    _, proc = _start(tmp_path, "run.restart_backoff_s=0.2")
+    run_dir = tmp_path / "quickstart"
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            done = (
-                [r["step"] for r in _records(run_dir, "step")]
-                if (run_dir / "metrics.jsonl").exists()
-                else []
-            )
-            if len(done) >= 3:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the first run never reached step 3")
-        pids = json.loads((run_dir / "pids.json").read_text())
-        os.kill(pids["trainer-policy"], signal.SIGKILL)
-        out, _ = first.communicate(timeout=120)
+        _wait_for_step(run_dir, 3, proc)
+        os.kill(json.loads((run_dir / "pids.json").read_text())["dataflow"], signal.SIGKILL)
+        _wait_for_step(run_dir, 5, proc)
+        os.kill(json.loads((run_dir / "pids.json").read_text())["trainer-policy"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=600)
     finally:
-        if first.poll() is None:
-            first.kill()
-    assert first.returncode != 0 and "trainer-policy failed" in out, out[-2000:]
-    before = [r["step"] for r in _records(run_dir, "step")]
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    events = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["service"]) for e in events] == [
+        ("crash", "dataflow"), ("restart", "dataflow"),
+        ("crash", "trainer-policy"), ("restart", "trainer-policy"),
+    ]  # fmt: skip
+    _assert_exact_timeline(run_dir)
+    assert [
+        n for n, pid in json.loads((run_dir / "pids.json").read_text()).items() if _alive(pid)
+    ] == []
+
+
+def test_resume_after_the_dataflow_killed_ends_at_max_steps(tmp_path):
+    """No restarts allowed: SIGKILL of the dataflow fails the run; `--resume` then restarts the
+    trainer from its newest checkpoint, which is older than the steps the dataflow counted, and
+    the run still ends at exactly max_steps with version == step."""
+    import signal
+
+    argv, proc = _start(tmp_path, "run.max_restarts=0")
+    run_dir = tmp_path / "quickstart"
+    try:
+        _wait_for_step(run_dir, 5, proc)
+        os.kill(json.loads((run_dir / "pids.json").read_text())["dataflow"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "dataflow failed" in out, out[-2000:]
     resumed = subprocess.run(
         [*argv, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    steps = [r["step"] for r in _records(run_dir, "step")]
-    after = steps[len(before) :]
-    # the version sequence continues from the newest checkpoint (which may be newer than the last
-    # step record: a step can be checkpointed and killed before its acknowledgement)
-    assert after == list(range(after[0], 9)), (before, after)
-    assert 2 < after[0] <= before[-1] + 1, (before, after)
-    assert set(before) | set(after) == set(range(1, 9))
-    # no batch was trained on twice: every acknowledged batch id is unique
-    ids = [r["batch_id"] for r in _records(run_dir, "step")]
-    assert len(ids) == len(set(ids))
+    _assert_exact_timeline(run_dir)
+
+
+def test_resume_after_trainer_killed(tmp_path):
+    """Kill the trainer mid-run with restarts off; `astraflow train --resume` continues from its
+    checkpoint and replays the steps after it."""
+    import signal
+
+    argv, proc = _start(tmp_path, "run.max_restarts=0", "evaluation.every_steps=0")
+    run_dir = tmp_path / "quickstart"
+    try:
+        _wait_for_step(run_dir, 4, proc)
+        os.kill(json.loads((run_dir / "pids.json").read_text())["trainer-policy"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "trainer-policy failed" in out, out[-2000:]
+    before = _records(run_dir, "step")
+    resumed = subprocess.run(
+        [*argv, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    _assert_exact_timeline(run_dir)
+    # steps up to checkpoint-3 were kept; the ones after it were trained again on the same batches
+    after = {r["step"]: r["batch_id"] for r in _records(run_dir, "step")}
+    assert all(after[r["step"]] == r["batch_id"] for r in before)
     assert [
         n for n, pid in json.loads((run_dir / "pids.json").read_text()).items() if _alive(pid)
     ] == []

@@ -17,7 +17,7 @@ import json
 import statistics
 from collections import Counter
 
-from astraflow.dataflow import state
+from astraflow.dataflow import state, timeline
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.errors import Invalid, NotFound
 from astraflow.dataflow.leases import current_round
@@ -278,16 +278,24 @@ def ack(ctx: Context, tx: Tx, batch_id: str, req: BatchAck) -> Ack:
     if row is None:
         raise NotFound(f"unknown batch {batch_id!r}", "batch_id")
     policy, b_state, summary_json, round_ = row
-    if b_state == "acked":
+    if b_state in ("acked", "skipped"):
         result = Ack(ok=True, detail="batch was already acknowledged", at=now)
+    elif b_state == "rewound":
+        result = Ack(ok=True, detail="batch belongs to a rewound timeline; not a step", at=now)
+    elif not req.trained:
+        # consumed without an optimizer step (nothing trainable): done with, not a step
+        tx.execute("UPDATE batches SET state='skipped', acked_at=? WHERE id=?", (now, batch_id))
+        groups = [r[0] for r in tx.execute("SELECT id FROM groups WHERE batch_id=?", (batch_id,))]
+        state.discard_token_arrays(tx, groups)
+        state.count_drop(tx, policy, "untrainable_batch")
+        result = Ack(ok=True, detail="batch consumed without a step", at=now)
     else:
         step = state.steps(tx).get(policy, 0) + 1
         tx.execute(
             "UPDATE batches SET state='acked', acked_at=?, step=? WHERE id=?",
             (now, step, batch_id),
         )
-        groups = [r[0] for r in tx.execute("SELECT id FROM groups WHERE batch_id=?", (batch_id,))]
-        state.discard_token_arrays(tx, groups)
+        timeline.on_ack(ctx, tx, policy, batch_id, req.checkpoint_version)
         summary = json.loads(summary_json)
         hist = {int(k): v for k, v in summary["staleness"].items()}
         tx.executemany(

@@ -120,6 +120,16 @@ def _admission(ctx: Context, req: LeaseRequest, latest: dict[str, int]) -> str |
             )
     if lagging:
         return "admission control: weights too stale; update before leasing: " + "; ".join(lagging)
+    rewound = [
+        f"{p}: node holds version {req.versions[p]}, latest is {latest[p]}"
+        for p in needed
+        if p in latest and req.versions[p] > latest[p]
+    ]
+    if rewound:
+        return (
+            "the trainer restarted from a checkpoint and these versions no longer exist; load the "
+            "latest before leasing: " + "; ".join(rewound)
+        )
     return None
 
 

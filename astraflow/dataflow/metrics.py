@@ -9,7 +9,9 @@ line and duplicates none.
 from __future__ import annotations
 
 import json
+import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from astraflow.dataflow.store import Tx
@@ -48,6 +50,33 @@ class MetricsLog:
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(line + "\n")
             self._last_seq = seq
+
+    def forget(self, tx: Tx, matches: Callable[[dict], bool]) -> int:
+        """Delete the records ``matches`` selects (a rewound timeline's steps and evaluations);
+        after the commit the file is rewritten from the store, atomically. Returns how many."""
+        doomed = [
+            seq
+            for seq, body in tx.execute("SELECT seq, body FROM metric_records")
+            if matches(json.loads(body))
+        ]
+        if not doomed:
+            return 0
+        tx.executemany("DELETE FROM metric_records WHERE seq=?", [(s,) for s in doomed])
+        rows = tx.execute("SELECT seq, body FROM metric_records ORDER BY seq").fetchall()
+        tx.after_commit.append(lambda: self._rewrite(rows))
+        return len(doomed)
+
+    def _rewrite(self, rows: list[tuple[int, str]]) -> None:
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            with tmp.open("w", encoding="utf-8") as f:
+                for seq, body in rows:
+                    f.write(json.dumps({"seq": seq, **json.loads(body)}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+            self._last_seq = max([self._last_seq, *(seq for seq, _ in rows)])
 
     def recover(self, tx: Tx) -> int:
         """Append committed records missing from the file; returns how many were written."""

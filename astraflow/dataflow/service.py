@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from astraflow.dataflow import batching, evaluations, ingest, leases, state
+from astraflow.dataflow import batching, evaluations, ingest, leases, state, timeline
 from astraflow.dataflow import status as status_mod
 from astraflow.dataflow.config import ServiceConfig
 from astraflow.dataflow.context import Context
@@ -58,8 +58,10 @@ class _LeaseWaiter:
 
 
 def _behind(req: LeaseRequest, outcome: LeaseGrant) -> bool:
-    """The node holds an older version of a policy than the latest announced one."""
-    return any(outcome.latest_versions.get(p, -1) > held for p, held in req.versions.items())
+    """The node holds another version of a policy than the latest announced one: an older one,
+    or a newer one from a timeline that rewound (its trainer restarted from a checkpoint)."""
+    latest = outcome.latest_versions
+    return any(latest.get(p, held) != held for p, held in req.versions.items())
 
 
 def _news(waiter: _LeaseWaiter, outcome: LeaseGrant) -> bool:
@@ -72,6 +74,7 @@ def _news(waiter: _LeaseWaiter, outcome: LeaseGrant) -> bool:
     before, after = waiter.last.latest_versions, outcome.latest_versions
     return any(
         after.get(policy, -1) > max(held, before.get(policy, -1))
+        or after.get(policy, held) < min(held, before.get(policy, held))  # a rewind
         for policy, held in waiter.req.versions.items()
     )
 
@@ -354,8 +357,10 @@ class DataflowService:
                     "policy",
                 )
             # The trainer owns its policy's version stream: one that restarted from an older
-            # checkpoint announces that version again, and the versions after it no longer exist.
+            # checkpoint announces that version again, and the versions after it no longer exist;
+            # the steps after it are trained again on the same batches (see timeline.rewind).
             tx.execute("DELETE FROM versions WHERE policy=? AND version>?", (wv.policy, wv.version))
+            undone = timeline.rewind(self.ctx, tx, wv.policy, wv.version)
             tx.execute(
                 "INSERT OR REPLACE INTO versions(policy, version, body, created_at) "
                 "VALUES(?,?,?,?)",
@@ -364,7 +369,10 @@ class DataflowService:
             if self.config.sync:
                 batching.maybe_advance_round(self.ctx, tx)
             latest = state.latest_versions(tx)[wv.policy]
-            return Ack(detail=f"{wv.policy} version {wv.version} recorded (latest {latest})")
+            rewound = f"; {undone} later step(s) will be trained again" if undone else ""
+            return Ack(
+                detail=f"{wv.policy} version {wv.version} recorded (latest {latest}){rewound}"
+            )
 
         result = await self.store.run(op)
         self._signal()

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from astraflow.launch.processes import Service, astraflow_argv, service_env
+from astraflow.launch.supervision import RestartBudget, RestartLog
 from astraflow.recipe import Recipe, load_recipe, recipe_to_toml
 
 
@@ -63,6 +64,9 @@ class LocalLauncher:
         self.eval_grace_s = eval_grace_s
         self.token = secrets.token_urlsafe(24)
         self.handle: RunHandle | None = None
+        self.restarts = RestartBudget(recipe.run.max_restarts, recipe.run.restart_backoff_s)
+        self.restart_log = RestartLog(run_dir / "restarts.jsonl")
+        self._env: dict[str, str] = {}
 
     # ------------------------------------------------------------------ start
     def start(self) -> RunHandle:
@@ -73,67 +77,92 @@ class LocalLauncher:
         recipe_path.write_text(recipe_to_toml(self.recipe))
         (rd / "run.json").write_text(json.dumps({"started": time.time(), "resume": self.resume}))
         threads = self.recipe.run.torch_threads
-        env = service_env(self.token, threads)
+        self._env = env = service_env(self.token, threads)
         url_file = rd / "dataflow.url"
         url_file.unlink(missing_ok=True)
-        dataflow = Service(
-            "dataflow",
-            astraflow_argv(
-                "serve",
-                "dataflow",
-                "--recipe",
-                str(recipe_path),
-                "--store",
-                str(rd / "dataflow.db"),
-                "--host",
-                self.recipe.dataflow.host,
-                "--port",
-                str(self.recipe.dataflow.port),
-                "--port-file",
-                str(url_file),
-            ),
-            rd / "logs" / "dataflow.log",
-        ).start(env)
+        dataflow = self._dataflow(self.recipe.dataflow.port).start(env)
         handle = RunHandle(rd, "", self.token, [dataflow])
         self.handle = handle
         handle.url = self._wait_for_url(url_file, dataflow)
         self._wait_healthy(handle.url, dataflow)
         for policy in self.recipe.trainable_policies():
-            argv = astraflow_argv(
-                "serve",
-                "trainer",
-                "--recipe",
-                str(recipe_path),
-                "--policy",
-                policy,
-                "--join",
-                handle.url,
-                "--run-dir",
-                str(rd),
-            )
-            if self.resume:
-                argv.append("--resume")
-            handle.services.append(
-                Service(f"trainer-{policy}", argv, rd / "logs" / f"trainer-{policy}.log").start(env)
-            )
+            handle.services.append(self._trainer(policy, self.resume).start(env))
         for i in range(self.recipe.rollout.nodes):
-            argv = astraflow_argv(
-                "serve",
-                "rollout",
-                "--join",
-                handle.url,
-                "--recipe",
-                str(recipe_path),
-                "--name",
-                f"node-{i}",
-                "--drain-timeout",
-                "10",
-            )
-            handle.services.append(
-                Service(f"node-{i}", argv, rd / "logs" / f"node-{i}.log").start(env)
-            )
+            handle.services.append(self._node(i).start(env))
         self._write_pids()
         return handle
+
+    # The services of a run, as started first and as restarted after a crash.
+    def _dataflow(self, port: int) -> Service:
+        rd = self.run_dir
+        argv = astraflow_argv(
+            "serve",
+            "dataflow",
+            "--recipe",
+            str(rd / "recipe.toml"),
+            "--store",
+            str(rd / "dataflow.db"),
+            "--host",
+            self.recipe.dataflow.host,
+            "--port",
+            str(port),
+            "--port-file",
+            str(rd / "dataflow.url"),
+        )
+        return Service("dataflow", argv, rd / "logs" / "dataflow.log")
+
+    def _trainer(self, policy: str, resume: bool) -> Service:
+        assert self.handle
+        rd = self.run_dir
+        argv = astraflow_argv(
+            "serve",
+            "trainer",
+            "--recipe",
+            str(rd / "recipe.toml"),
+            "--policy",
+            policy,
+            "--join",
+            self.handle.url,
+            "--run-dir",
+            str(rd),
+        )
+        if resume:
+            argv.append("--resume")
+        return Service(f"trainer-{policy}", argv, rd / "logs" / f"trainer-{policy}.log")
+
+    def _node(self, i: int) -> Service:
+        assert self.handle
+        rd = self.run_dir
+        argv = astraflow_argv(
+            "serve",
+            "rollout",
+            "--join",
+            self.handle.url,
+            "--recipe",
+            str(rd / "recipe.toml"),
+            "--name",
+            f"node-{i}",
+            "--drain-timeout",
+            "10",
+        )
+        return Service(f"node-{i}", argv, rd / "logs" / f"node-{i}.log")
+
+    def _restart(self, name: str) -> None:
+        """Start ``name`` again: the dataflow on the same address (the others keep its URL and
+        retry), a trainer from its newest checkpoint, a node fresh."""
+        assert self.handle
+        if name == "dataflow":
+            port = int(self.handle.url.rsplit(":", 1)[1].split("/")[0])
+            svc = self._dataflow(port)
+        elif name.startswith("trainer-"):
+            svc = self._trainer(name.removeprefix("trainer-"), resume=True)
+        else:
+            svc = self._node(int(name.removeprefix("node-")))
+        self.handle.services = [s for s in self.handle.services if s.name != name] + [
+            svc.start(self._env)
+        ]
+        self.restart_log.write("restart", name, pid=svc.pid, restarts=self.restarts.used[name])
+        self._write_pids()
 
     def _write_pids(self) -> None:
         """Record child PIDs so tools (and tests) can check that nothing outlives the run."""
@@ -189,7 +218,10 @@ class LocalLauncher:
         poll_s: float = 1.0,
         timeout_s: float | None = None,
     ) -> str:
-        """Block until the run is done. Returns 'done', 'failed:<service>' or 'timeout'."""
+        """Block until the run is done. Returns 'done', 'failed:<service>' or 'timeout'.
+
+        A service that crashes is restarted (see :mod:`astraflow.launch.supervision`); the run
+        fails only when one crashes more often than ``run.max_restarts``."""
         assert self.handle
         start = time.time()
         trained_at: float | None = None
@@ -197,13 +229,10 @@ class LocalLauncher:
             st = self.status()
             if on_status:
                 on_status(st, self.handle.services)
+            failed = self._supervise(trained_at is not None)
+            if failed:
+                return f"failed:{failed}"
             trainers = self.handle.by_prefix("trainer-")
-            for svc in self.handle.services:
-                rc = svc.returncode()
-                if rc not in (None, 0):
-                    return f"failed:{svc.name}"
-            if svc_dead(self.handle.by_prefix("dataflow")):
-                return "failed:dataflow"
             trained = all(t.returncode() == 0 for t in trainers)
             if trained and trained_at is None:
                 trained_at = time.time()
@@ -218,7 +247,31 @@ class LocalLauncher:
                 return "done"
             if timeout_s is not None and time.time() - start > timeout_s:
                 return "timeout"
+            due = self.restarts.next_due()
+            if due is not None:
+                poll_s = max(0.05, min(poll_s, due - time.monotonic()))
             self._pause(st, trainers, poll_s)
+
+    def _supervise(self, trained: bool) -> str | None:
+        """Schedule restarts of crashed services and start those due; the name of a service
+        whose restart budget is spent, if any. The dataflow exiting at all before the run ends is
+        a crash; after training, a node that dies is not replaced (there is nothing left to do)."""
+        assert self.handle
+        now = time.monotonic()
+        for svc in self.handle.services:
+            rc = svc.returncode()
+            if rc is None or svc.name in self.restarts.due:
+                continue
+            if rc == 0 and svc.name != "dataflow":
+                continue
+            if trained and svc.name.startswith("node-"):
+                continue
+            self.restart_log.write("crash", svc.name, returncode=rc, pid=svc.pid)
+            if not self.restarts.schedule(svc.name, now):
+                return svc.name
+        for name in self.restarts.ready(now):
+            self._restart(name)
+        return None
 
     def _pause(self, st: dict | None, trainers: list[Service], poll_s: float) -> None:
         """Until the next thing that can end the run, at most ``poll_s`` (the live view's refresh
@@ -252,10 +305,6 @@ class LocalLauncher:
         for svc in order:
             codes[svc.name] = svc.stop(timeout=30.0 if svc.name.startswith("node-") else 20.0)
         return codes
-
-
-def svc_dead(services: list[Service]) -> bool:
-    return any(s.returncode() is not None for s in services)
 
 
 def prepare_run(recipe_path: Path, overrides: list[str], resume: bool) -> tuple[Recipe, Path]:

@@ -121,6 +121,23 @@ class BatchAck(WireModel):
     idempotency_key: str = Field(default_factory=lambda: new_id("ack"))
     trainer_version: int = Field(ge=0, description="Version produced by the step on this batch")
     metrics: dict[str, float] = Field(default_factory=dict)
+    trained: bool = Field(
+        default=True,
+        description=(
+            "False: consumed without an optimizer step (nothing in it was trainable); the batch "
+            "is done with but is not a step of the run"
+        ),
+    )
+    checkpoint_version: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Newest version the trainer can restart from (its newest complete checkpoint; 0: "
+            "the initial weights). The service keeps the samples of later steps so that a "
+            "restarted trainer is served the same batches again; None: the trainer cannot "
+            "resume, and samples are freed as soon as their step is acknowledged"
+        ),
+    )
 
 
 class VersionAnnouncement(WeightVersion):

@@ -33,6 +33,20 @@ class RunConfig(Section):
         description="async: independent services (default); sync: lock-step baseline for comparison",
     )
     torch_threads: int = Field(default=1, ge=1, description="torch threads per process")
+    max_restarts: int = Field(
+        default=3,
+        ge=0,
+        description=(
+            "Times the launcher restarts each crashed service (the dataflow from its store, a "
+            "trainer from its newest checkpoint, a rollout node fresh) before the run fails"
+        ),
+    )
+    restart_backoff_s: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=300.0,
+        description="Wait before a service's first restart; doubles with each one (max 60 s)",
+    )
 
     @property
     def run_dir(self) -> Path:
@@ -67,7 +81,16 @@ class TrainerConfig(Section):
     publish_every: int = Field(
         default=1, ge=1, description="Publish a weight version every k steps"
     )
-    checkpoint_every: int = Field(default=20, ge=1)
+    checkpoint_every: int = Field(
+        default=20,
+        ge=1,
+        description=(
+            "Steps between trainer checkpoints. A restarted trainer resumes from the newest and "
+            "retrains the steps after it on the same batches (the dataflow keeps their samples "
+            "until a checkpoint covers them): more often costs save time, less often costs "
+            "retraining after a crash"
+        ),
+    )
     keep_versions: int = Field(default=8, ge=1, description="Weight versions kept in the store")
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

@@ -301,7 +301,8 @@ class RolloutNode:
         """Record announced versions; wake the weight loop when a served policy fell behind."""
         self.latest.update(latest)
         self.locations.update(locations or {})
-        if any(self.latest.get(n, 0) > p.engine.version for n, p in self.policies.items()):
+        # older than held: the trainer restarted from a checkpoint and this policy rewound
+        if any(self.latest.get(n, 0) != p.engine.version for n, p in self.policies.items()):
             self._new_version.set()
 
     async def _weights_loop(self) -> None:
@@ -331,11 +332,16 @@ class RolloutNode:
             for name, served in self.policies.items():
                 want = self.latest.get(name, 0)
                 have = served.engine.version
-                if want <= have or name not in self.locations:
+                if want == have or name not in self.locations:
                     continue
                 t0 = time.perf_counter()
+                # going back (a rewound timeline) takes the full snapshot: no delta leads there
                 update = await asyncio.to_thread(
-                    self.weight_fetcher, name, self.locations[name], have, want
+                    self.weight_fetcher,
+                    name,
+                    self.locations[name],
+                    have if want > have else None,
+                    want,
                 )
                 fetched = time.perf_counter()
                 try:
@@ -425,7 +431,7 @@ class RolloutNode:
                 # Any other early empty answer (lease_wait_s = 0, or a service that does not
                 # long-poll) backs off rather than spin.
                 behind = any(
-                    grant.latest_versions.get(name, -1) > served.engine.version
+                    grant.latest_versions.get(name, served.engine.version) != served.engine.version
                     for name, served in self.policies.items()
                 )
                 if behind:

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,6 +55,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from astraflow.protocol import Batch
 from astraflow.recipe.schema import TrainerConfig
+from astraflow.trainer.checkpoints import CheckpointMark, newest_complete, write_mark
 from astraflow.trainer.samples import AdvantageMode, CollatedBatch, collate_batch
 from astraflow.trainer.source import BatchSource, SourceExhausted
 
@@ -147,6 +147,8 @@ class AstraGRPOTrainer(GRPOTrainer):
         self._last_logs: dict[str, float] = {}
         self._committed_step = -1
         self._published: set[int] = set()
+        #: newest version a restart could resume from (0: the initial weights; see BatchAck)
+        self._checkpoint_version = 0
         # Enough placeholder rows for TRL's RepeatSampler to fill one generation batch per step.
         rows = max(1, args.generation_batch_size // args.num_generations)
         placeholder = Dataset.from_dict({"prompt": [""] * rows * 64})
@@ -232,6 +234,8 @@ class AstraGRPOTrainer(GRPOTrainer):
                         "skipped_batch": 1.0,
                         **{f"skipped/{k}": float(v) for k, v in collated.skipped.items()},
                     },
+                    trained=False,
+                    checkpoint_version=self._checkpoint_version,
                 )
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -460,7 +464,7 @@ class AstraGRPOTrainer(GRPOTrainer):
         for reason, count in collated.skipped.items():
             metrics[f"skipped/{reason}"] = float(count)
         if self.accelerator.is_main_process:
-            self.source.ack(batch.id, version, metrics)
+            self.source.ack(batch.id, version, metrics, checkpoint_version=self._checkpoint_version)
             if self.on_step is not None:
                 self.on_step(
                     StepReport(
@@ -472,6 +476,24 @@ class AstraGRPOTrainer(GRPOTrainer):
                         dropped_by_dataflow=dict(batch.dropped),
                     )
                 )
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """Hugging Face's save, then the completion marker naming this step's batch (see
+        :mod:`astraflow.trainer.checkpoints`); only then may the dataflow free earlier samples."""
+        super()._save_checkpoint(model, trial)
+        step = int(self.state.global_step)
+        batch_id = None
+        if self._pending is not None and step > self._committed_step:
+            batch_id = self._pending[0].id
+        if self.args.should_save:
+            logs = {
+                k: float(v)
+                for k, v in self._last_logs.items()
+                if isinstance(v, (int, float)) and math.isfinite(float(v))
+            }
+            folder = Path(self.args.output_dir) / f"checkpoint-{step}"
+            write_mark(folder, CheckpointMark(step, batch_id, logs))
+        self._checkpoint_version = step
 
     def state_dict_for_publication(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) weights, as ``save_pretrained`` would write them. Collective call."""
@@ -496,11 +518,12 @@ class AstraGRPOTrainer(GRPOTrainer):
         ``resume=True`` continues from the newest checkpoint in ``output_dir`` when there is one;
         a path resumes from that checkpoint; ``False`` starts fresh.
         """
-        from transformers.trainer_utils import get_last_checkpoint
-
         checkpoint: str | None = None
-        if resume is True and os.path.isdir(self.args.output_dir):
-            checkpoint = get_last_checkpoint(self.args.output_dir)
+        if resume is True:
+            found = newest_complete(self.args.output_dir)
+            if found is not None:
+                checkpoint = str(found[0])
+                self._resume_from_mark(found[1])
         elif isinstance(resume, str):
             checkpoint = resume
         try:
@@ -510,6 +533,16 @@ class AstraGRPOTrainer(GRPOTrainer):
             if self.version > 0 and self.version % self.args.save_steps != 0:
                 self._save_checkpoint(self.model, trial=None)
         return self.version
+
+    def _resume_from_mark(self, mark: CheckpointMark) -> None:
+        """The checkpoint's step may have been saved and killed before its acknowledgement: ack
+        it now (a repeat is answered "already acknowledged"), so the dataflow's step count and
+        this trainer's version agree before the first new step."""
+        self._checkpoint_version = mark.version
+        if mark.batch_id is not None and self.accelerator.is_main_process:
+            self.source.ack(
+                mark.batch_id, mark.version, dict(mark.metrics), checkpoint_version=mark.version
+            )
 
 
 def _resolve_device(device: str) -> str:

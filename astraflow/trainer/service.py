@@ -50,7 +50,8 @@ def run_trainer(
     if not spec.trainable:
         raise ValueError(f"policy {policy!r} has trainable = false; it has no trainer")
     run_dir = Path(run_dir) if run_dir is not None else recipe.run.run_dir
-    client = SyncDataflowClient(dataflow_url, token)
+    # patient: a dataflow restart (supervised crash) takes seconds; retrying bridges it
+    client = SyncDataflowClient(dataflow_url, token, retries=10)
 
     def publish_and_announce(version: int, state_dict: dict[str, Any]) -> None:
         if publish is None:

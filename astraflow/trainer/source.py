@@ -48,8 +48,21 @@ class BatchSource(Protocol):
         """
         ...
 
-    def ack(self, batch_id: str, trainer_version: int, metrics: dict[str, float]) -> None:
-        """Acknowledge ``batch_id``: the step on it committed and produced ``trainer_version``."""
+    def ack(
+        self,
+        batch_id: str,
+        trainer_version: int,
+        metrics: dict[str, float],
+        *,
+        trained: bool = True,
+        checkpoint_version: int | None = None,
+    ) -> None:
+        """Acknowledge ``batch_id``: the step on it committed and produced ``trainer_version``.
+
+        ``trained=False``: the batch was consumed without a step (nothing in it was trainable).
+        ``checkpoint_version``: the newest version the trainer could restart from; a source that
+        can serve batches again keeps those of later steps (see :class:`~astraflow.protocol.BatchAck`).
+        """
         ...
 
 
@@ -60,6 +73,8 @@ class AckRecord:
     batch_id: str
     trainer_version: int
     metrics: dict[str, float]
+    trained: bool = True
+    checkpoint_version: int | None = None
 
 
 @dataclass
@@ -114,11 +129,21 @@ class InProcessBatchSource:
             self.served.append(batch)
             return batch
 
-    def ack(self, batch_id: str, trainer_version: int, metrics: dict[str, float]) -> None:
+    def ack(
+        self,
+        batch_id: str,
+        trainer_version: int,
+        metrics: dict[str, float],
+        *,
+        trained: bool = True,
+        checkpoint_version: int | None = None,
+    ) -> None:
         with self._lock:
             if any(a.batch_id == batch_id for a in self.acks):
                 raise RuntimeError(f"batch {batch_id} acknowledged twice")
-            self.acks.append(AckRecord(batch_id, trainer_version, dict(metrics)))
+            self.acks.append(
+                AckRecord(batch_id, trainer_version, dict(metrics), trained, checkpoint_version)
+            )
 
 
 class DataflowBatchSource:
@@ -166,9 +191,25 @@ class DataflowBatchSource:
             if reply.done:
                 raise SourceExhausted(reply.reason or f"dataflow has no more data for {policy!r}")
 
-    def ack(self, batch_id: str, trainer_version: int, metrics: dict[str, float]) -> None:
+    def ack(
+        self,
+        batch_id: str,
+        trainer_version: int,
+        metrics: dict[str, float],
+        *,
+        trained: bool = True,
+        checkpoint_version: int | None = None,
+    ) -> None:
         clean = {k: float(v) for k, v in metrics.items() if _is_finite_number(v)}
-        self._client.ack(batch_id, BatchAck(trainer_version=trainer_version, metrics=clean))
+        self._client.ack(
+            batch_id,
+            BatchAck(
+                trainer_version=trainer_version,
+                metrics=clean,
+                trained=trained,
+                checkpoint_version=checkpoint_version,
+            ),
+        )
 
 
 def _is_finite_number(value: Any) -> bool:

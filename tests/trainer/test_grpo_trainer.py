@@ -28,9 +28,9 @@ class EventSource(InProcessBatchSource):
         super().__init__(**kw)
         self.events = events
 
-    def ack(self, batch_id, trainer_version, metrics):
+    def ack(self, batch_id, trainer_version, metrics, **kw):
         self.events.append(("ack", trainer_version))
-        super().ack(batch_id, trainer_version, metrics)
+        super().ack(batch_id, trainer_version, metrics, **kw)
 
 
 def _fresh_generator(path: str):
@@ -99,7 +99,8 @@ def test_real_steps_publish_then_ack_and_resume(tmp_path, tiny_model_path, tiny_
         tiny_model_path, cfg, source2, tmp_path, POLICY, max_steps=4, publish=publish
     )
     assert trainer2.run(resume=True) == 4
-    assert events == [("publish", 3), ("publish", 4), ("ack", 4)]
+    # the checkpoint's own batch is acknowledged again first (idempotent at the dataflow)
+    assert events == [("ack", 3), ("publish", 3), ("publish", 4), ("ack", 4)]
     assert source2.served[0].trainer_version == 3
 
 
@@ -398,3 +399,58 @@ def test_publish_every_k_steps_and_always_the_last(tmp_path, tiny_model_path, ti
     assert published == [0, 2, 3]
     assert [a.trainer_version for a in source.acks] == [1, 2, 3]
     assert all(a.metrics["version_lag/max"] == a.trainer_version - 1 for a in source.acks)
+
+
+def test_resume_on_the_same_batches_retrains_to_the_same_weights(
+    tmp_path, tiny_model_path, tiny_policy
+):
+    """Exact resume: a trainer killed after step 4 restarts from checkpoint-2; served steps 3-4
+    again (as the dataflow replays them), it publishes bit-identical weights, and it acks the
+    checkpoint's own batch first (a step can be saved and killed before its ack)."""
+    from astraflow.trainer.checkpoints import MARKER, newest_complete, read_mark
+    from astraflow.weights import state_digest
+
+    model, tok = tiny_policy
+    batches = [
+        make_batch(
+            [
+                rollout_group(model, tok, q, a, policy=POLICY, group_size=4, version=0)
+                for q, a in arith_prompts(2, seed=i)
+            ],
+            POLICY,
+            0,
+        )
+        for i in range(4)
+    ]
+    cfg = TrainerConfig(groups_per_step=2, learning_rate=1e-3, checkpoint_every=2)
+
+    def train(source, max_steps, resume):
+        digests: dict[int, str] = {}
+        trainer = build_trainer(
+            tiny_model_path, cfg, source, tmp_path, POLICY, max_steps=max_steps,
+            publish=lambda v, state: digests.__setitem__(v, state_digest(state)),
+        )  # fmt: skip
+        trainer.run(resume=resume)
+        return digests
+
+    first = InProcessBatchSource()
+    for b in batches:
+        first.put(b)
+    before = train(first, 4, resume=False)
+    assert [(a.trainer_version, a.checkpoint_version) for a in first.acks] == [
+        (1, 0), (2, 2), (3, 2), (4, 4)
+    ]  # fmt: skip
+    ckpts = tmp_path / "checkpoints" / POLICY
+    assert read_mark(ckpts / "checkpoint-2").batch_id == batches[1].id
+    # checkpoint-4 was being written when the trainer died: no marker, so it is not trusted
+    (ckpts / "checkpoint-4" / MARKER).unlink()
+    assert newest_complete(ckpts)[0].name == "checkpoint-2"
+    assert not (ckpts / "checkpoint-4").exists()
+
+    replay = InProcessBatchSource()
+    for b in batches[2:]:
+        replay.put(b)
+    after = train(replay, 4, resume=True)
+    assert [a.batch_id for a in replay.acks] == [b.id for b in batches[1:]]
+    assert [a.trainer_version for a in replay.acks] == [2, 3, 4]
+    assert {v: after[v] for v in (2, 3, 4)} == {v: before[v] for v in (2, 3, 4)}

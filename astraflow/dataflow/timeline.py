@@ -1,0 +1,114 @@
+"""One training timeline per policy, whatever crashed: exact resume from a trainer checkpoint.
+
+A trainer that restarts resumes from its newest checkpoint, which may be older than the steps the
+service already acknowledged (it checkpoints every ``trainer.checkpoint_every`` steps). Without
+care the run then ends short: the service's step count went on while the weights went back. So:
+
+* The service keeps the samples of every acknowledged step after the trainer's newest checkpoint
+  (the trainer reports it in each :class:`~astraflow.protocol.BatchAck`), and frees them once a
+  checkpoint covers their step.
+* When the trainer announces a version older than the acknowledged steps, the policy *rewinds*:
+  the batches of the later steps become unacknowledged again and are served in their original
+  order, so the restarted trainer retrains on exactly the same batches (on the CPU, to the same
+  weights bit for bit; elsewhere to the same within float non-determinism). Their step and
+  evaluation records leave ``metrics.jsonl``, pending evaluations of the versions being retrained
+  are cancelled, and the trainer requests them again when it reaches those versions. A batch whose
+  samples were freed anyway (the checkpoint it relied on was deleted) cannot be replayed: it is
+  marked ``rewound`` and its step is trained on fresh groups instead.
+
+The result: after any crash and restart the run ends with exactly ``run.max_steps`` steps,
+version == step, each batch trained once in the final timeline.
+"""
+
+from __future__ import annotations
+
+import json
+
+from astraflow.dataflow import state
+from astraflow.dataflow.context import Context
+from astraflow.dataflow.store import Tx
+
+
+def _freed_key(policy: str) -> str:
+    return f"freed_through:{policy}"
+
+
+def on_ack(ctx: Context, tx: Tx, policy: str, batch_id: str, checkpoint: int | None) -> None:
+    """After ``batch_id`` was acknowledged: free the samples no restart can need any more."""
+    if checkpoint is None:  # the trainer cannot resume: nothing will be served again
+        groups = [r[0] for r in tx.execute("SELECT id FROM groups WHERE batch_id=?", (batch_id,))]
+        state.discard_token_arrays(tx, groups)
+        return
+    freed = int(tx.get_meta(_freed_key(policy)) or 0)
+    if checkpoint <= freed:
+        return
+    groups = [
+        r[0]
+        for r in tx.execute(
+            "SELECT g.id FROM groups g JOIN batches b ON g.batch_id = b.id "
+            "WHERE b.policy=? AND b.state='acked' AND b.step > ? AND b.step <= ?",
+            (policy, freed, checkpoint),
+        )
+    ]
+    state.discard_token_arrays(tx, groups)
+    tx.set_meta(_freed_key(policy), str(checkpoint))
+
+
+def rewind(ctx: Context, tx: Tx, policy: str, version: int) -> int:
+    """``policy``'s trainer restarted at ``version``: undo the acknowledged steps after it.
+
+    Returns how many steps were undone (0 when the announcement is not a rewind)."""
+    later = tx.execute(
+        "SELECT id, step, summary FROM batches WHERE policy=? AND state='acked' AND step > ? "
+        "ORDER BY step",
+        (policy, version),
+    ).fetchall()
+    if not later:
+        return 0
+    freed = int(tx.get_meta(_freed_key(policy)) or 0)
+    for batch_id, step, summary in later:
+        replayable = step > freed
+        tx.execute(
+            "UPDATE batches SET state=?, acked_at=NULL, step=NULL WHERE id=?",
+            ("served" if replayable else "rewound", batch_id),
+        )
+        hist = json.loads(summary)["staleness"]
+        tx.executemany(
+            "UPDATE staleness SET count = MAX(0, count - ?) WHERE policy=? AND staleness=?",
+            [(n, policy, int(k)) for k, n in hist.items()],
+        )
+    tx.set_meta(_freed_key(policy), str(min(freed, version)))
+    tx.execute("DELETE FROM meta WHERE key='training_done_at'")
+    _cancel_evaluations(tx, policy, version, ctx.now())
+    ctx.metrics.forget(
+        tx,
+        lambda r: (
+            r.get("policy") == policy
+            and r.get("type") in ("step", "eval")
+            and int(r.get("version") or 0) > version
+        ),
+    )
+    state.count_drop(tx, policy, "rewound_steps", len(later))
+    return len(later)
+
+
+def _cancel_evaluations(tx: Tx, policy: str, version: int, now: float) -> None:
+    """Evaluations of versions after ``version`` measured (or would measure) weights this timeline
+    no longer has: drop them, their open tasks, and the idempotency keys that would answer the
+    trainer's request for the retrained version with the old result."""
+    ids = [
+        r[0]
+        for r in tx.execute(
+            "SELECT id FROM evaluations WHERE policy=? AND version > ?", (policy, version)
+        )
+    ]
+    for eval_id in ids:
+        tx.execute(
+            "UPDATE tasks SET state='done', winner='rewound', done_at=? "
+            "WHERE eval_id=? AND state != 'done'",
+            (now, eval_id),
+        )
+        tx.execute("DELETE FROM evaluations WHERE id=?", (eval_id,))
+        tx.execute(
+            "DELETE FROM idempotency WHERE kind='evaluation' AND result=?", (state.pack(eval_id),)
+        )
