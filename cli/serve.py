@@ -65,6 +65,11 @@ def rollout(
     concurrency: int = typer.Option(None, "--concurrency", min=1, help="Episodes in flight"),
     device: str = typer.Option(None, "--device", help="auto | cpu | cuda | cuda:N"),
     name: str = typer.Option("", "--name", help="Node name shown in status"),
+    replace: bool = typer.Option(
+        False,
+        "--replace",
+        help="Restarting a crashed node of this --name: its leases go back to the queue now",
+    ),
     region: str = typer.Option(None, "--region", help="Region label shown in status"),
     threads: int = typer.Option(1, "--threads", min=1, help="torch threads for this process"),
     drain_timeout: float = typer.Option(
@@ -102,7 +107,8 @@ def rollout(
     from astraflow.rollout.service import NodeOptions, run_node
 
     opts = NodeOptions(join=join, token=token, policies=policies, engine=engine,
-                       concurrency=concurrency, device=device, name=name, region=region,
+                       concurrency=concurrency, device=device, name=name, replace=replace,
+                       region=region,
                        torch_threads=threads, drain_timeout_s=drain_timeout,
                        env_workers=env_workers, env_timeout_s=env_timeout)  # fmt: skip
     try:

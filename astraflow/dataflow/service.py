@@ -194,6 +194,15 @@ class DataflowService:
     async def register(self, reg: NodeRegistration) -> NodeRegistered:
         def op(tx: Tx) -> NodeRegistered:
             now = self.ctx.now()
+            if reg.replace and reg.name:
+                silent_since = now - 2 * self.config.heartbeat_interval_s
+                for (old,) in tx.execute(
+                    "SELECT id FROM nodes WHERE state='active' AND last_heartbeat < ? "
+                    "AND json_extract(body, '$.name') = ?",
+                    (silent_since, reg.name),
+                ).fetchall():
+                    leases.release_node(self.ctx, tx, old)
+                    tx.execute("UPDATE nodes SET state='left' WHERE id=?", (old,))
             node_id = new_id("node")
             tx.execute(
                 "INSERT INTO nodes(id, body, versions, state, registered_at, last_heartbeat) "
@@ -208,7 +217,10 @@ class DataflowService:
                 max_lag=self.config.recipe.dataflow.max_lag,
             )
 
-        return await self.store.run(op)
+        result = await self.store.run(op)
+        if reg.replace:
+            self._signal()  # a replaced node's leases went back to the queue
+        return result
 
     async def heartbeat(self, node_id: str, hb: Heartbeat) -> HeartbeatReply:
         return await self.store.run(lambda tx: leases.heartbeat(self.ctx, tx, node_id, hb))

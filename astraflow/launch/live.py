@@ -7,6 +7,7 @@ Status gives queues, nodes, versions, buffers and drops; the newest ``step`` rec
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ class MetricsTail:
     def __init__(self, path: Path):
         self.path = path
         self.offset = 0
+        self.inode: int | None = None
         self.last_step: dict[str, dict] = {}
         self.first_time: dict[str, float] = {}
         self.samples: dict[str, int] = {}
@@ -37,6 +39,10 @@ class MetricsTail:
     def poll(self) -> dict[str, dict]:
         try:
             with open(self.path, "rb") as f:
+                inode = os.fstat(f.fileno()).st_ino
+                if inode != self.inode:  # rewritten (a rewound timeline): read it afresh
+                    self.inode, self.offset = inode, 0
+                    self.last_step, self.first_time, self.samples = {}, {}, {}
                 f.seek(self.offset)
                 chunk = f.read()
         except OSError:

@@ -130,7 +130,7 @@ class LocalLauncher:
             argv.append("--resume")
         return Service(f"trainer-{policy}", argv, rd / "logs" / f"trainer-{policy}.log")
 
-    def _node(self, i: int) -> Service:
+    def _node(self, i: int, replace: bool = False) -> Service:
         assert self.handle
         rd = self.run_dir
         argv = astraflow_argv(
@@ -145,6 +145,8 @@ class LocalLauncher:
             "--drain-timeout",
             "10",
         )
+        if replace:
+            argv.append("--replace")
         return Service(f"node-{i}", argv, rd / "logs" / f"node-{i}.log")
 
     def _restart(self, name: str) -> None:
@@ -157,7 +159,7 @@ class LocalLauncher:
         elif name.startswith("trainer-"):
             svc = self._trainer(name.removeprefix("trainer-"), resume=True)
         else:
-            svc = self._node(int(name.removeprefix("node-")))
+            svc = self._node(int(name.removeprefix("node-")), replace=True)
         self.handle.services = [s for s in self.handle.services if s.name != name] + [
             svc.start(self._env)
         ]

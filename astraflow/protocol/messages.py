@@ -21,6 +21,14 @@ class NodeRegistration(WireModel):
     region: str = Field(default="local", max_length=128)
     engines: dict[str, str] = Field(default_factory=dict, description="Engine kind per policy")
     meta: dict[str, Any] = Field(default_factory=dict)
+    replace: bool = Field(
+        default=False,
+        description=(
+            "This node restarts a crashed one of the same name: a registered node with this name "
+            "that has been silent for more than two heartbeat intervals leaves now and its leases "
+            "go back to the queue (instead of when they time out)"
+        ),
+    )
 
 
 class NodeRegistered(WireModel):

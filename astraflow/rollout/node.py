@@ -80,6 +80,8 @@ class NodeSettings:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     #: role -> policy name (recipe.workflow.roles)
     roles: dict[str, str] = field(default_factory=dict)
+    #: this node restarts a crashed one of the same name (see NodeRegistration.replace)
+    replace: bool = False
     #: on SIGTERM: how long in-flight groups may run on before their leases are released
     #: (a second SIGTERM/SIGINT releases them at once)
     drain_timeout_s: float = 60.0
@@ -161,6 +163,7 @@ class RolloutNode:
                 concurrency=self.settings.concurrency,
                 region=self.settings.region,
                 engines={n: type(p.engine).__name__ for n, p in self.policies.items()},
+                replace=self.settings.replace,
             )
         )
         self.node_id = reg.node_id

@@ -25,6 +25,8 @@ class NodeOptions:
     concurrency: int | None = None
     device: str | None = None
     name: str = ""
+    #: restarts a crashed node of the same name (its leases go back to the queue at once)
+    replace: bool = False
     region: str | None = None
     torch_threads: int = 1
     #: on SIGTERM, seconds in-flight groups may run on before their leases are released
@@ -135,6 +137,7 @@ async def _run(opts: NodeOptions, recipe: Recipe | None) -> int:
         settings = NodeSettings(
             concurrency=opts.concurrency or recipe.rollout.concurrency,
             name=opts.name,
+            replace=opts.replace,
             region=opts.region or recipe.rollout.region,
             workflow_kwargs={"max_turns": recipe.workflow.max_turns, **recipe.workflow.kwargs},
             roles=dict(recipe.workflow.roles),

@@ -104,7 +104,13 @@ def test_rewind_past_a_freed_checkpoint_retrains_on_fresh_groups(service):
                 "ON s.group_id = g.id JOIN batches b ON g.batch_id = b.id GROUP BY b.step"
             ).fetchall()
         )
-        assert {step: n > 0 for step, n in sizes} == {1: False, 2: False, 3: False, 4: False, 5: True}
+        assert {step: n > 0 for step, n in sizes} == {
+            1: False,
+            2: False,
+            3: False,
+            4: False,
+            5: True,
+        }
         # restarting from checkpoint-2 (checkpoint-4 lost): steps 3-4 cannot be replayed
         _announce(c, 2)
         assert c.status()["policies"]["policy"]["steps"] == 2

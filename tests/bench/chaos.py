@@ -1,0 +1,295 @@
+"""Chaos: real quickstart-size runs while a seeded schedule SIGKILLs or SIGSTOPs their services.
+
+Each run is ``astraflow train recipes/quickstart.toml`` (small: a few steps, two rollout nodes,
+evaluations on), started exactly as a user would. Once training is under way a seeded schedule
+picks a moment, a service (the dataflow, the trainer or a node) and a fault: SIGKILL (the launcher
+must restart it) or SIGSTOP for a few seconds then SIGCONT (everyone else must ride it out). After
+the run, the invariants are checked from what it left on disk:
+
+* the run completed (exit 0) and the final version is ``max_steps``: in the dataflow store, in the
+  weight store, and in the last step record; version == step for every step record;
+* the step records are 1..max_steps, once each, and each names a different batch; no sample was
+  trained twice in the final timeline (no sample id in two acknowledged batches);
+* no task was lost: every training task is done, pending, or leased under a live lease;
+* no evaluation from a discarded timeline: each evaluated version was measured after the final
+  timeline's announcement of that version, once.
+
+    python tests/bench/chaos.py --quick --json out.json     # 2 runs, < 2 min on 2 cores... ish
+    python tests/bench/chaos.py --runs 5 --json out.json
+
+JSON keys: ``runs``, ``kills``, ``stops``, ``restarts``, ``runs_completed``,
+``invariant_violations`` (must be 0), ``steps_final`` (the final version of each run), and
+``violations`` (what was wrong, per run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[2]
+console = Console()
+
+#: a quickstart small enough that a run with faults takes about a minute on 2 cores
+SMALL = [
+    "tasks.group_size=4",
+    "policies.policy.trainer.groups_per_step=2",
+    "policies.policy.trainer.checkpoint_every=3",
+    "rollout.nodes=2",
+    "rollout.concurrency=16",
+    "evaluation.every_steps=3",
+    "evaluation.num_tasks=16",
+    "run.max_restarts=20",
+    "run.restart_backoff_s=0.2",
+]
+
+
+@dataclass
+class Fault:
+    at_s: float  # after the first step record
+    target: str  # dataflow | trainer-policy | node-0 | node-1
+    kind: str  # kill | stop
+    stop_s: float = 0.0
+
+
+def schedule(rng: random.Random, faults: int, span_s: float) -> list[Fault]:
+    """``faults`` faults spread over ``span_s`` seconds, in time order."""
+    out = []
+    for _ in range(faults):
+        kind = "kill" if rng.random() < 0.7 else "stop"
+        target = rng.choice(["dataflow", "trainer-policy", "node-0", "node-1"])
+        out.append(Fault(rng.uniform(0, span_s), target, kind, rng.uniform(2.0, 6.0)))
+    return sorted(out, key=lambda f: f.at_s)
+
+
+@dataclass
+class RunOutcome:
+    seed: int
+    returncode: int | None
+    wall_s: float
+    faults: list[Fault]
+    applied: list[str] = field(default_factory=list)
+    restarts: int = 0
+    steps_final: int | None = None
+    violations: list[str] = field(default_factory=list)
+
+
+def _records(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def _steps_done(run_dir: Path) -> int:
+    return max((r["step"] for r in _records(run_dir) if r.get("type") == "step"), default=0)
+
+
+def _pid(run_dir: Path, name: str) -> int | None:
+    try:
+        return json.loads((run_dir / "pids.json").read_text()).get(name)
+    except (OSError, ValueError):
+        return None
+
+
+def _inject(run_dir: Path, faults: list[Fault], proc: subprocess.Popen, out: RunOutcome) -> None:
+    """Apply ``faults`` once training is under way; every stopped process is continued."""
+    while _steps_done(run_dir) < 1:
+        if proc.poll() is not None:
+            return
+        time.sleep(0.2)
+    t0 = time.monotonic()
+    for f in faults:
+        while time.monotonic() - t0 < f.at_s:
+            if proc.poll() is not None:
+                return
+            time.sleep(0.1)
+        pid = _pid(run_dir, f.target)
+        if pid is None:
+            continue
+        try:
+            if f.kind == "kill":
+                os.kill(pid, signal.SIGKILL)
+                out.applied.append(f"kill {f.target} at step {_steps_done(run_dir)}")
+            else:
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    out.applied.append(
+                        f"stop {f.target} {f.stop_s:.1f}s at step {_steps_done(run_dir)}"
+                    )
+                    time.sleep(f.stop_s)
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            continue
+
+
+def check_invariants(run_dir: Path, max_steps: int) -> tuple[int | None, list[str]]:
+    """(final version, violations) from the run directory: store, weight store, metrics."""
+    bad: list[str] = []
+    records = _records(run_dir)
+    steps = [r for r in records if r.get("type") == "step"]
+    if [r["step"] for r in steps] != list(range(1, max_steps + 1)):
+        bad.append(f"step records are {[r['step'] for r in steps]}, not 1..{max_steps}")
+    if any(r.get("version") != r.get("step") for r in steps):
+        bad.append("a step record's version differs from its step")
+    ids = [r.get("batch_id") for r in steps]
+    if len(ids) != len(set(ids)):
+        bad.append("a batch appears in two step records")
+    db_path = run_dir / "dataflow.db"
+    if not db_path.exists():
+        return None, [*bad, "no dataflow store"]
+    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        final = db.execute("SELECT MAX(version) FROM versions WHERE policy='policy'").fetchone()[0]
+        if final != max_steps:
+            bad.append(f"final announced version {final}, expected {max_steps}")
+        acked = db.execute(
+            "SELECT step, id, layout FROM batches WHERE policy='policy' AND state='acked' "
+            "ORDER BY step"
+        ).fetchall()
+        if [s for s, _, _ in acked] != list(range(1, max_steps + 1)):
+            bad.append(f"acknowledged steps in the store: {[s for s, _, _ in acked]}")
+        if steps and [b for _, b, _ in acked] != ids:
+            bad.append("the store's acknowledged batches differ from the step records")
+        sample_ids = [s[0] for _, _, layout in acked for _, entries in json.loads(layout) for s in entries]  # fmt: skip
+        if len(sample_ids) != len(set(sample_ids)):
+            bad.append(f"{len(sample_ids) - len(set(sample_ids))} sample(s) trained twice")
+        lost = db.execute(
+            "SELECT COUNT(*) FROM tasks t WHERE t.is_eval=0 AND t.state='leased' AND NOT EXISTS "
+            "(SELECT 1 FROM leases l WHERE l.task_id=t.id AND l.state='active')"
+        ).fetchone()[0]
+        if lost:
+            bad.append(f"{lost} training task(s) leased with no live lease (lost)")
+        announced = dict(
+            db.execute("SELECT version, created_at FROM versions WHERE policy='policy'").fetchall()
+        )
+    finally:
+        db.close()
+    evals = [r for r in records if r.get("type") == "eval" and r.get("policy") == "policy"]
+    versions = [r["version"] for r in evals]
+    if len(versions) != len(set(versions)):
+        bad.append(f"a version was evaluated twice: {sorted(versions)}")
+    for r in evals:
+        at = announced.get(r["version"])
+        # v0 is the initial model in every timeline (nodes may evaluate it before it is announced)
+        if r["version"] > 0 and (at is None or r["time"] < at):
+            bad.append(f"evaluation of v{r['version']} is from a discarded timeline")
+    weights = run_dir / "weights" / "policy"
+    stored = sorted(int(p.name[1:]) for p in weights.glob("v*") if p.name[1:].isdigit())
+    if not stored or stored[-1] != max_steps:
+        bad.append(f"weight store holds versions {stored[-3:]}, expected {max_steps} last")
+    return final, bad
+
+
+def run_once(workdir: Path, seed: int, max_steps: int, faults: int, span_s: float) -> RunOutcome:
+    rng = random.Random(seed)
+    plan = schedule(rng, faults, span_s)
+    out_dir = workdir / f"seed{seed}"
+    sets = [*SMALL, f"run.max_steps={max_steps}", f"run.seed={seed}",
+            f"run.output_dir={json.dumps(str(out_dir))}"]  # fmt: skip
+    argv = [sys.executable, "-m", "cli.main", "train", "recipes/quickstart.toml", "--no-live"]
+    for s in sets:
+        argv += ["--set", s]
+    run_dir = out_dir / "quickstart"
+    log = open(workdir / f"seed{seed}.log", "w")
+    started = time.time()
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    outcome = RunOutcome(seed, None, 0.0, plan)
+    injector = threading.Thread(target=_inject, args=(run_dir, plan, proc, outcome), daemon=True)
+    injector.start()
+    try:
+        proc.wait(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    injector.join(timeout=30)
+    log.close()
+    outcome.returncode = proc.returncode
+    outcome.wall_s = time.time() - started
+    restarts = run_dir / "restarts.jsonl"
+    if restarts.exists():
+        outcome.restarts = sum('"restart"' in line for line in restarts.read_text().splitlines())
+    outcome.steps_final, outcome.violations = check_invariants(run_dir, max_steps)
+    if proc.returncode != 0:
+        tail = (workdir / f"seed{seed}.log").read_text().splitlines()[-5:]
+        outcome.violations.insert(0, f"run exited {proc.returncode}: {' | '.join(tail)}")
+    return outcome
+
+
+def summary(outcomes: list[RunOutcome]) -> dict:
+    return {
+        "runs": len(outcomes),
+        "kills": sum(a.startswith("kill") for o in outcomes for a in o.applied),
+        "stops": sum(a.startswith("stop") for o in outcomes for a in o.applied),
+        "restarts": sum(o.restarts for o in outcomes),
+        "runs_completed": sum(o.returncode == 0 for o in outcomes),
+        "invariant_violations": sum(len(o.violations) for o in outcomes),
+        "steps_final": [o.steps_final for o in outcomes],
+        "violations": {str(o.seed): o.violations for o in outcomes if o.violations},
+        "faults": {str(o.seed): o.applied for o in outcomes},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="2 runs of 16 steps, 3 faults each")
+    ap.add_argument("--runs", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=None, help="max_steps per run")
+    ap.add_argument("--faults", type=int, default=None, help="faults per run")
+    ap.add_argument("--seed", type=int, default=0, help="first seed")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--keep", type=Path, default=None, help="keep the runs here")
+    args = ap.parse_args()
+    runs = args.runs or (2 if args.quick else 5)
+    steps = args.steps or (16 if args.quick else 30)
+    faults = args.faults or (3 if args.quick else 6)
+    span = 1.2 * steps  # about the run's training time at ~1-1.5 s a step on 2 cores
+    outcomes = []
+    with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
+        workdir = args.keep.resolve() if args.keep else Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        for i in range(runs):
+            with console.status(f"chaos run {i + 1}/{runs} (seed {args.seed + i})…"):
+                o = run_once(workdir, args.seed + i, steps, faults, span)
+            state = "[green]ok[/]" if not o.violations else "[red]violations[/]"
+            console.print(f"{state} seed {o.seed}: {o.wall_s:.0f}s, {'; '.join(o.applied)}")
+            for v in o.violations:
+                console.print(f"   [red]{v}[/]")
+            outcomes.append(o)
+    result = summary(outcomes)
+    table = Table(title=f"chaos: {runs} runs x {steps} steps, {faults} faults each")
+    for col in ("runs", "kills", "stops", "restarts", "completed", "violations", "final versions"):
+        table.add_column(col, justify="right")
+    table.add_row(*(str(result[k]) for k in ("runs", "kills", "stops", "restarts",
+                  "runs_completed", "invariant_violations")), str(result["steps_final"]))  # fmt: skip
+    console.print(table)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if result["invariant_violations"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""A restarted node that says it replaces a crashed one of its name frees that node's leases at
+once, instead of after the lease timeout; a node of that name that is still alive is untouched."""
+
+from __future__ import annotations
+
+import time
+
+from dataflow_helpers import TOKEN, ThreadedService, make_recipe
+
+from astraflow.protocol.client import SyncDataflowClient
+
+
+def test_replace_frees_a_silent_namesakes_leases(tmp_path):
+    recipe = make_recipe(tmp_path, dataflow={"lease_timeout_s": 600.0, "heartbeat_interval_s": 0.2})
+    with (
+        ThreadedService(recipe, tmp_path / "df.db") as svc,
+        SyncDataflowClient(svc.url, TOKEN, retries=0) as c,
+    ):
+        dead = c.register(name="node-1", policies={"policy": 0}).node_id
+        held = c.lease(node_id=dead, max_tasks=3, versions={"policy": 0}).leases
+        alive = c.register(name="node-2", policies={"policy": 0}).node_id
+        c.lease(node_id=alive, max_tasks=2, versions={"policy": 0})
+
+        # a replacement while node-1 is not yet silent for two heartbeats leaves it alone
+        c.register(name="node-1", policies={"policy": 0}, replace=True)
+        assert (
+            svc.service.store.call(
+                lambda tx: tx.scalar(
+                    "SELECT COUNT(*) FROM leases WHERE node_id=? AND state='active'", (dead,), 0
+                )  # fmt: skip
+            )
+            == 3
+        )
+
+        time.sleep(0.5)
+        c.heartbeat(alive, versions={"policy": 0})
+        c.register(name="node-1", policies={"policy": 0}, replace=True)
+        states = svc.service.store.call(
+            lambda tx: dict(
+                tx.execute(
+                    "SELECT node_id, COUNT(*) FROM leases WHERE state='active' GROUP BY node_id"
+                ).fetchall()
+            )  # fmt: skip
+        )
+        assert dead not in states and states[alive] == 2
+        pending = svc.service.store.call(
+            lambda tx: {r[0] for r in tx.execute("SELECT id FROM tasks WHERE state='pending'")}
+        )
+        assert {lease.task.id for lease in held} <= pending
