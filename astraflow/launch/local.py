@@ -8,7 +8,6 @@ the dataflow service, then the trainers and rollout nodes pointed at it, shows a
 from __future__ import annotations
 
 import json
-import secrets
 import signal
 import subprocess
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from astraflow.launch.processes import Service, astraflow_argv, service_env
+from astraflow.launch.security import RunSecurity
 from astraflow.recipe import Recipe, load_recipe, recipe_to_toml
 
 
@@ -61,7 +61,8 @@ class LocalLauncher:
         self.resume = resume
         self.startup_timeout_s = startup_timeout_s
         self.eval_grace_s = eval_grace_s
-        self.token = secrets.token_urlsafe(24)
+        self.token = ""  # the run secret (admin token), from run_dir/run.secret at start()
+        self.security: RunSecurity | None = None
         self.handle: RunHandle | None = None
 
     # ------------------------------------------------------------------ start
@@ -73,6 +74,12 @@ class LocalLauncher:
         recipe_path.write_text(recipe_to_toml(self.recipe))
         (rd / "run.json").write_text(json.dumps({"started": time.time(), "resume": self.resume}))
         threads = self.recipe.run.torch_threads
+        # role tokens and TLS: each kind of service gets its own environment (security.py)
+        try:
+            self.security = sec = RunSecurity.prepare(self.recipe, rd)
+        except (ValueError, OSError) as exc:  # a missing or unusable certificate file
+            raise LaunchError(f"[security]: {exc}") from exc
+        self.token = sec.secret
         env = service_env(self.token, threads)
         url_file = rd / "dataflow.url"
         url_file.unlink(missing_ok=True)
@@ -93,7 +100,7 @@ class LocalLauncher:
                 str(url_file),
             ),
             rd / "logs" / "dataflow.log",
-        ).start(env)
+        ).start(sec.env("dataflow", env))
         handle = RunHandle(rd, "", self.token, [dataflow])
         self.handle = handle
         handle.url = self._wait_for_url(url_file, dataflow)
@@ -114,7 +121,9 @@ class LocalLauncher:
             if self.resume:
                 argv.append("--resume")
             handle.services.append(
-                Service(f"trainer-{policy}", argv, rd / "logs" / f"trainer-{policy}.log").start(env)
+                Service(f"trainer-{policy}", argv, rd / "logs" / f"trainer-{policy}.log").start(
+                    sec.env("trainer", env)
+                )
             )
         for i in range(self.recipe.rollout.nodes):
             argv = astraflow_argv(
@@ -130,7 +139,9 @@ class LocalLauncher:
                 "10",
             )
             handle.services.append(
-                Service(f"node-{i}", argv, rd / "logs" / f"node-{i}.log").start(env)
+                Service(f"node-{i}", argv, rd / "logs" / f"node-{i}.log").start(
+                    sec.env("node", env)
+                )
             )
         self._write_pids()
         return handle
@@ -157,7 +168,8 @@ class LocalLauncher:
         deadline = time.time() + self.startup_timeout_s
         while time.time() < deadline:
             try:
-                if httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200:
+                r = httpx.get(f"{url}/healthz", timeout=2.0, verify=self._verify())
+                if r.status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -167,6 +179,9 @@ class LocalLauncher:
         raise LaunchError(
             f"dataflow service at {url} not healthy within {self.startup_timeout_s:.0f}s"
         )
+
+    def _verify(self):
+        return self.security.verify if self.security else True
 
     # ------------------------------------------------------------------ watch
     def status(self, wait_done_s: float = 0.0) -> dict | None:
@@ -178,6 +193,7 @@ class LocalLauncher:
                 params={"wait_done_s": wait_done_s} if wait_done_s > 0 else None,
                 headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json"},
                 timeout=5.0 + wait_done_s,
+                verify=self._verify(),
             )
             return r.json() if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError):

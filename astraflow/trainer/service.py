@@ -32,6 +32,7 @@ def run_trainer(
     max_staleness: int | None = None,
     resume: bool | str = True,
     wait_s: float = 30.0,
+    ca_file: str | None = None,
 ) -> int:
     """Train ``policy`` until ``run.max_steps`` or until the dataflow says the run is over.
 
@@ -50,7 +51,7 @@ def run_trainer(
     if not spec.trainable:
         raise ValueError(f"policy {policy!r} has trainable = false; it has no trainer")
     run_dir = Path(run_dir) if run_dir is not None else recipe.run.run_dir
-    client = SyncDataflowClient(dataflow_url, token)
+    client = SyncDataflowClient(dataflow_url, token, ca_file=ca_file)
 
     def publish_and_announce(version: int, state_dict: dict[str, Any]) -> None:
         if publish is None:

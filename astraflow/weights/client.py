@@ -8,7 +8,8 @@ length and sha256 before it is parsed, and the resulting state's digest is check
 (deltas) or on load (full), so truncated or corrupted transfers are rejected, never installed.
 
 Sources: an ``http(s)://`` URL of a trainer's weight server (bearer token; retries with backoff;
-an interrupted download resumes with a ``Range`` request) or a shared directory.
+an interrupted download resumes with a ``Range`` request; ``https://`` is verified against
+``ca_file`` or ``$ASTRAFLOW_CA_FILE``, and a failed handshake is not retried) or a shared directory.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from astraflow.protocol.tls import client_verify, tls_failure
 from astraflow.weights.delta import DeltaChain, DeltaError, SparseDelta
 from astraflow.weights.digest import bytes_digest, state_digest
 from astraflow.weights.store import WeightStore, WeightStoreError
@@ -37,6 +39,7 @@ class WeightClient:
         timeout: float = 60.0,
         retries: int = 4,
         backoff: float = 0.25,
+        ca_file: str | Path | None = None,
     ):
         self.source = str(source)
         self.max_chain = max_chain
@@ -48,8 +51,12 @@ class WeightClient:
             import httpx
 
             headers = {"Authorization": f"Bearer {token}"} if token else {}
+            https = self.source.startswith("https://")
             self._http = httpx.Client(
-                base_url=self.source.rstrip("/"), headers=headers, timeout=timeout
+                base_url=self.source.rstrip("/"),
+                headers=headers,
+                timeout=timeout,
+                verify=client_verify(ca_file) if https else True,
             )
         else:
             root = Path(self.source)
@@ -212,7 +219,7 @@ class WeightClient:
             headers = {"Range": f"bytes={len(buf)}-"} if buf else {}
             try:
                 with self._http.stream("GET", path, headers=headers) as resp:
-                    if resp.status_code == 401:
+                    if resp.status_code in (401, 403):
                         raise WeightTransferError(f"weight server refused the token for {path}")
                     if resp.status_code == 404:
                         raise WeightTransferError(f"{path} not found on the weight server")
@@ -230,6 +237,7 @@ class WeightClient:
                             )
                 return bytes(buf)
             except httpx.TransportError as exc:
+                _raise_if_tls(exc, self.source)
                 attempt += 1
                 if attempt > self.retries:
                     raise WeightTransferError(
@@ -244,7 +252,7 @@ class WeightClient:
         while True:
             try:
                 resp = self._http.get(path)
-                if resp.status_code == 401:
+                if resp.status_code in (401, 403):
                     raise WeightTransferError(f"weight server refused the token for {path}")
                 if resp.status_code >= 500:
                     raise httpx.TransportError(f"server error {resp.status_code}")
@@ -254,12 +262,19 @@ class WeightClient:
                     )
                 return resp
             except httpx.TransportError as exc:
+                _raise_if_tls(exc, self.source)
                 attempt += 1
                 if attempt > self.retries:
                     raise WeightTransferError(
                         f"GET {path} failed after {self.retries} retries: {exc}"
                     ) from exc
                 time.sleep(self.backoff * 2 ** (attempt - 1))
+
+
+def _raise_if_tls(exc: Exception, source: str) -> None:
+    reason = tls_failure(exc)
+    if reason is not None:
+        raise WeightTransferError(f"weight server {source}: {reason}") from exc
 
 
 def _resumes_at(resp, offset: int) -> bool:
