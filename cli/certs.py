@@ -16,7 +16,9 @@ app = typer.Typer(help="TLS certificates for a run's services.", no_args_is_help
 
 @app.command()
 def create(
-    out_dir: Path = typer.Argument(..., help="Directory for ca.pem, ca.key, server.pem, server.key"),
+    out_dir: Path = typer.Argument(
+        ..., help="Directory for ca.pem, ca.key, server.pem, server.key"
+    ),
     hosts: list[str] = typer.Option(
         [],
         "--host",

@@ -30,9 +30,7 @@ app.add_typer(
 )
 app.command("report", help="Plots and summary of a run directory.")(report.report)
 app.add_typer(certs.app, name="certs", help="Create a CA and server certificate for HTTPS.")
-app.command("token", help="Print a role-scoped token (node, trainer, admin) of a run.")(
-    token.token
-)
+app.command("token", help="Print a role-scoped token (node, trainer, admin) of a run.")(token.token)
 
 
 def main() -> None:

@@ -126,7 +126,6 @@ def status(
     from rich.live import Live
 
     from astraflow.protocol.client import DataflowClientError, SyncDataflowClient
-
     from astraflow.protocol.tls import TLSConfigError
 
     try:

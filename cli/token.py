@@ -14,7 +14,9 @@ import typer
 
 def token(
     role: str = typer.Option(
-        "node", "--role", help="node (lease, push, fetch weights), trainer (batches, ack, "
+        "node",
+        "--role",
+        help="node (lease, push, fetch weights), trainer (batches, ack, "
         "publish) or admin (everything)",
     ),
     run_dir: Path = typer.Option(

@@ -103,7 +103,9 @@ def test_weight_server_over_https_with_role_tokens(tmp_path, certs, https_servic
             with WeightClient(url, derive_token(TOKEN, role), ca_file=certs.ca_file) as wc:
                 update = wc.fetch_update("policy", have_version=None, want_version=1)
                 assert update.version == 1 and torch.equal(update.full["w"], torch.arange(12) + 1.0)
-        with WeightClient(url, derive_token("other-run", NODE), ca_file=certs.ca_file, retries=0) as wc:
+        with WeightClient(
+            url, derive_token("other-run", NODE), ca_file=certs.ca_file, retries=0
+        ) as wc:
             with pytest.raises(WeightTransferError, match="refused the token"):
                 wc.meta("policy")
         t0 = time.monotonic()

@@ -42,7 +42,9 @@ class RunCerts:
     @classmethod
     def in_dir(cls, out_dir: Path) -> RunCerts:
         out_dir = Path(out_dir)
-        return cls(out_dir / CA_FILE, out_dir / CERT_FILE, out_dir / KEY_FILE, out_dir / CA_KEY_FILE)
+        return cls(
+            out_dir / CA_FILE, out_dir / CERT_FILE, out_dir / KEY_FILE, out_dir / CA_KEY_FILE
+        )
 
     def exist(self) -> bool:
         return all(p.is_file() for p in (self.ca_file, self.cert_file, self.key_file))
@@ -122,9 +124,15 @@ def create_ca(name: str = "AstraFlow run CA", days: int = 3650):
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                crl_sign=True, encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )  # fmt: skip

@@ -163,7 +163,9 @@ class _ClientBase:
 
     def _tls_error(self, exc: Exception) -> TLSError | None:
         reason = tls_failure(exc)
-        return None if reason is None else TLSError(f"dataflow service at {self.base_url}: {reason}")
+        return (
+            None if reason is None else TLSError(f"dataflow service at {self.base_url}: {reason}")
+        )
 
     def _unreachable(self, call: _Call, last: Exception | str) -> ServiceUnreachable:
         return ServiceUnreachable(

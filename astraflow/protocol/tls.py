@@ -89,7 +89,9 @@ def ca_path(ca_file: str | Path | None = None, *, flag: str = "--ca-file") -> Pa
     return None
 
 
-def client_verify(ca_file: str | Path | None = None, *, flag: str = "--ca-file") -> ssl.SSLContext | bool:
+def client_verify(
+    ca_file: str | Path | None = None, *, flag: str = "--ca-file"
+) -> ssl.SSLContext | bool:
     """``verify=`` for httpx: an SSL context trusting the run's CA, or True (system trust store)."""
     path = ca_path(ca_file, flag=flag)
     if path is None:
