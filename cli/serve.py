@@ -55,6 +55,24 @@ def _ca_file(ca_file: Path | None, spec) -> Path | None:
         fail(str(exc))
 
 
+def _default_weights_host(dataflow_host: str) -> str:
+    """Nodes fetch weights from the URL the weight server announces, so by default it listens
+    where they reach the dataflow service: ``dataflow.host`` when that is an address of this
+    machine (a wildcard cannot be announced, and a trainer started on another machine cannot
+    bind there), else loopback as before."""
+    import socket
+
+    if dataflow_host in ("0.0.0.0", "::", "", "127.0.0.1", "localhost"):
+        return "127.0.0.1"
+    try:
+        family = socket.AF_INET6 if ":" in dataflow_host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((dataflow_host, 0))
+    except OSError:
+        return "127.0.0.1"
+    return dataflow_host
+
+
 def _check_token(token: str | None, command: str, accepted: tuple[str, ...]) -> None:
     """Fail fast on a role token this service cannot work with (not after minutes of start-up)."""
     from astraflow.protocol.auth import token_role
@@ -204,7 +222,10 @@ def trainer(
     run_dir: Path = typer.Option(None, "--run-dir", help="Run directory (default: the recipe's)"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint"),
     weights_host: str = typer.Option(
-        "127.0.0.1", "--weights-host", help="Bind address of the weight server"
+        None,
+        "--weights-host",
+        help="Address of the weight server, which nodes fetch from (default: the recipe's "
+        "dataflow.host when it is one address, else 127.0.0.1)",
     ),
     weights_port: int = typer.Option(
         0, "--weights-port", help="Port of the weight server (0: free)"
@@ -235,6 +256,8 @@ def trainer(
         )
     tls = _server_tls(tls_cert, tls_key, spec, "the trainer's weight server")
     ca = _ca_file(ca_file, spec)
+    if weights_host is None:
+        weights_host = _default_weights_host(spec.dataflow.host)
     from astraflow.protocol.client import DataflowClientError
     from astraflow.trainer.wiring import serve_trainer
 

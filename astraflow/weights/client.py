@@ -56,7 +56,9 @@ class WeightClient:
                 base_url=self.source.rstrip("/"),
                 headers=headers,
                 timeout=timeout,
-                verify=client_verify(ca_file) if https else True,
+                transport=_tls_checked_transport(
+                    client_verify(ca_file) if https else True, self.source
+                ),
             )
         else:
             root = Path(self.source)
@@ -219,7 +221,7 @@ class WeightClient:
             headers = {"Range": f"bytes={len(buf)}-"} if buf else {}
             try:
                 with self._http.stream("GET", path, headers=headers) as resp:
-                    if resp.status_code in (401, 403):
+                    if resp.status_code == 401:
                         raise WeightTransferError(f"weight server refused the token for {path}")
                     if resp.status_code == 404:
                         raise WeightTransferError(f"{path} not found on the weight server")
@@ -237,7 +239,6 @@ class WeightClient:
                             )
                 return bytes(buf)
             except httpx.TransportError as exc:
-                _raise_if_tls(exc, self.source)
                 attempt += 1
                 if attempt > self.retries:
                     raise WeightTransferError(
@@ -252,7 +253,7 @@ class WeightClient:
         while True:
             try:
                 resp = self._http.get(path)
-                if resp.status_code in (401, 403):
+                if resp.status_code == 401:
                     raise WeightTransferError(f"weight server refused the token for {path}")
                 if resp.status_code >= 500:
                     raise httpx.TransportError(f"server error {resp.status_code}")
@@ -262,7 +263,6 @@ class WeightClient:
                     )
                 return resp
             except httpx.TransportError as exc:
-                _raise_if_tls(exc, self.source)
                 attempt += 1
                 if attempt > self.retries:
                     raise WeightTransferError(
@@ -271,10 +271,22 @@ class WeightClient:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
 
 
-def _raise_if_tls(exc: Exception, source: str) -> None:
-    reason = tls_failure(exc)
-    if reason is not None:
-        raise WeightTransferError(f"weight server {source}: {reason}") from exc
+def _tls_checked_transport(verify, source: str):
+    """httpx's transport, except that a failed TLS handshake raises :class:`WeightTransferError`
+    (not retried by the download loops: it cannot succeed on a second try) naming what to fix."""
+    import httpx
+
+    class Transport(httpx.HTTPTransport):
+        def handle_request(self, request):
+            try:
+                return super().handle_request(request)
+            except httpx.TransportError as exc:
+                reason = tls_failure(exc)
+                if reason is not None:
+                    raise WeightTransferError(f"weight server {source}: {reason}") from exc
+                raise
+
+    return Transport(verify=verify)
 
 
 def _resumes_at(resp, offset: int) -> bool:
