@@ -25,19 +25,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+#: Roles; what each may call on the dataflow service is :mod:`astraflow.dataflow.access`.
 NODE = "node"
 TRAINER = "trainer"
 ADMIN = "admin"
 #: Every role, least privileged first.
 ROLES: tuple[str, ...] = (NODE, TRAINER, ADMIN)
-
-#: What each role may do (docs, error messages, ``astraflow token --help``).
-ROLE_SCOPES = {
-    NODE: "register, lease, push, heartbeat, release, leave; fetch weights; read the recipe",
-    TRAINER: "pull batches, ack, announce versions, request evaluations, read status; "
-    "fetch weights; read the recipe",
-    ADMIN: "everything (the run secret itself is an admin token)",
-}
 
 _MAC_CHARS = 43  # base64url of a 32-byte HMAC-SHA256 without padding
 
