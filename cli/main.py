@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import envs, models, recipe, report, sandbox, serve, status, train
+from cli import certs, envs, models, recipe, report, sandbox, serve, status, token, train
 from cli import eval as eval_cmd
 
 app = typer.Typer(
@@ -29,6 +29,8 @@ app.add_typer(
     sandbox.app, name="sandbox", help="Code sandboxes: build the Docker image, list backends."
 )
 app.command("report", help="Plots and summary of a run directory.")(report.report)
+app.add_typer(certs.app, name="certs", help="Create a CA and server certificate for HTTPS.")
+app.command("token", help="Print a role-scoped token (node, trainer, admin) of a run.")(token.token)
 
 
 def main() -> None:

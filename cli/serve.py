@@ -1,4 +1,10 @@
-"""`astraflow serve dataflow|rollout|trainer`."""
+"""`astraflow serve dataflow|rollout|trainer`.
+
+TLS: servers take ``--tls-cert``/``--tls-key`` (or ``$ASTRAFLOW_TLS_CERT``/``_KEY``, or the recipe's
+``[security]`` files), clients ``--ca-file`` (or ``$ASTRAFLOW_CA_FILE``). Tokens: the dataflow
+service needs the run secret; a node runs with a node token, a trainer with a trainer token (the
+secret works for both, as before role tokens existed).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,80 @@ import typer
 
 app = typer.Typer(help="Run one AstraFlow service.", no_args_is_help=True)
 
+_CERT_HELP = "Serve HTTPS with this certificate chain (PEM; with --tls-key)"
+_KEY_HELP = "Private key of --tls-cert (PEM)"
+_CA_HELP = "CA certificate to verify https:// services against"
+
+
+def _server_tls(cert: Path | None, key: Path | None, spec, what: str):
+    """Checked TLS settings of a server: flags (or their variables) first, then the recipe's
+    ``[security]`` files; an error names the file and where it came from."""
+    from astraflow.protocol.tls import ServerTLS, TLSConfigError
+    from cli.common import fail
+
+    flags = ("--tls-cert", "--tls-key")
+    sec = spec.security if spec is not None else None
+    if not cert and not key and sec is not None and sec.tls:
+        if sec.cert_file is None:
+            fail(
+                f"security.tls = true, but {what} has no certificate: pass --tls-cert and "
+                "--tls-key (`astraflow certs create` makes them), set security.cert_file and "
+                "security.key_file, or start the run with `astraflow train`, which creates them"
+            )
+        cert, key, flags = sec.cert_file, sec.key_file, ("security.cert_file", "security.key_file")
+    try:
+        return ServerTLS.resolve(cert, key, cert_flag=flags[0], key_flag=flags[1])
+    except TLSConfigError as exc:
+        fail(str(exc))
+
+
+def _ca_file(ca_file: Path | None, spec) -> Path | None:
+    """The CA file a client verifies against (flag or variable, then the recipe's), checked."""
+    from astraflow.protocol.tls import TLSConfigError, ca_path
+    from cli.common import fail
+
+    flag = "--ca-file"
+    if not ca_file and spec is not None and spec.security.ca_file is not None:
+        ca_file, flag = spec.security.ca_file, "security.ca_file"
+    try:
+        return ca_path(ca_file, flag=flag) if ca_file else None
+    except TLSConfigError as exc:
+        fail(str(exc))
+
+
+def _default_weights_host(dataflow_host: str) -> str:
+    """Nodes fetch weights from the URL the weight server announces, so by default it listens
+    where they reach the dataflow service: ``dataflow.host`` when that is an address of this
+    machine (a wildcard cannot be announced, and a trainer started on another machine cannot
+    bind there), else loopback as before."""
+    import socket
+
+    if dataflow_host in ("0.0.0.0", "::", "", "127.0.0.1", "localhost"):
+        return "127.0.0.1"
+    try:
+        family = socket.AF_INET6 if ":" in dataflow_host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((dataflow_host, 0))
+    except OSError:
+        return "127.0.0.1"
+    return dataflow_host
+
+
+def _check_token(token: str | None, command: str, accepted: tuple[str, ...]) -> None:
+    """Fail fast on a role token this service cannot work with (not after minutes of start-up)."""
+    from astraflow.protocol.auth import token_role
+    from cli.common import fail
+
+    if not token:
+        fail("no run token: pass --token or set ASTRAFLOW_TOKEN")
+    role = token_role(token)
+    if role is not None and role not in accepted:
+        wanted = "".join(f"a {r} token or " for r in accepted) + "the run secret"
+        fail(
+            f"`astraflow serve {command}` needs {wanted}, got a {role} token"
+            + (f" (`astraflow token --role {accepted[0]}` prints one)" if accepted else "")
+        )
+
 
 @app.command()
 def dataflow(
@@ -16,25 +96,30 @@ def dataflow(
     port: int = typer.Option(None, "--port", help="Port; 0 picks a free one (default: recipe)"),
     store: Path = typer.Option(None, "--store", help="SQLite file (default: run_dir/dataflow.db)"),
     token: str = typer.Option(
-        None, "--token", envvar="ASTRAFLOW_TOKEN", help="Run token clients must present"
+        None,
+        "--token",
+        envvar="ASTRAFLOW_TOKEN",
+        help="Run secret; clients present it or a role token derived from it",
     ),
     port_file: Path = typer.Option(
-        None, "--port-file", help="Write http://host:port here once listening"
+        None, "--port-file", help="Write http(s)://host:port here once listening"
     ),
     overrides: list[str] = typer.Option([], "--set", help="Override a recipe key: a.b=c"),
     synchronous: str = typer.Option(
         "FULL", "--synchronous", help="SQLite synchronous mode: FULL (fsync each commit) or NORMAL"
     ),
+    tls_cert: Path = typer.Option(None, "--tls-cert", envvar="ASTRAFLOW_TLS_CERT", help=_CERT_HELP),
+    tls_key: Path = typer.Option(None, "--tls-key", envvar="ASTRAFLOW_TLS_KEY", help=_KEY_HELP),
     log_level: str = typer.Option("warning", "--log-level"),
 ) -> None:
     """Dataflow service: tasks, leases, buffers, dataflow policies."""
     from cli.common import console, fail, load_recipe_or_exit
 
-    if not token:
-        fail("no run token: pass --token or set ASTRAFLOW_TOKEN")
+    _check_token(token, "dataflow", ())
     if synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
         fail(f"--synchronous must be FULL, NORMAL or EXTRA, got {synchronous!r}")
     spec = load_recipe_or_exit(recipe, overrides)
+    tls = _server_tls(tls_cert, tls_key, spec, "the dataflow service")
     from astraflow.dataflow.app import create_app
     from astraflow.dataflow.policies import PolicyConfigError
     from astraflow.dataflow.server import run
@@ -47,16 +132,22 @@ def dataflow(
         fail(f"{recipe}: {exc}")
     console.print(
         f"[bold]dataflow[/] run {spec.run.name!r} store "
-        f"{app_.state.service.store.path} on {host}:{port or '(free port)'}",
+        f"{app_.state.service.store.path} on {'https' if tls else 'http'}://{host}:"
+        f"{port or '(free port)'}",
         highlight=False,
     )
-    run(app_, host, port, port_file, log_level)
+    run(app_, host, port, port_file, log_level, tls)
 
 
 @app.command()
 def rollout(
-    join: str = typer.Option(..., "--join", help="Dataflow service URL, e.g. http://10.0.0.5:8700"),
-    token: str = typer.Option(None, "--token", envvar="ASTRAFLOW_TOKEN", help="Run token"),
+    join: str = typer.Option(
+        ..., "--join", help="Dataflow service URL, e.g. http://10.0.0.5:8700 or https://..."
+    ),
+    token: str = typer.Option(
+        None, "--token", envvar="ASTRAFLOW_TOKEN", help="Node token (or the run secret)"
+    ),
+    ca_file: Path = typer.Option(None, "--ca-file", envvar="ASTRAFLOW_CA_FILE", help=_CA_HELP),
     recipe: Path = typer.Option(
         None, "--recipe", "-r", help="Recipe file (default: fetched from the dataflow service)"
     ),
@@ -92,10 +183,10 @@ def rollout(
     """Rollout node: engines, workflows, envs; joins a running job (and may leave at any time)."""
     import logging
 
+    from astraflow.protocol.auth import ADMIN, NODE
     from cli.common import fail, load_recipe_or_exit
 
-    if not token:
-        fail("no run token: pass --token or set ASTRAFLOW_TOKEN")
+    _check_token(token, "rollout", (NODE, ADMIN))
     if engine is not None and engine not in ("transformers", "vllm", "openai"):
         fail(f"--engine must be transformers, vllm or openai, got {engine!r}")
     logging.basicConfig(
@@ -103,20 +194,24 @@ def rollout(
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the log
     spec = load_recipe_or_exit(recipe) if recipe else None
-    from astraflow.protocol.client import AuthError, ServiceUnreachable
+    ca = _ca_file(ca_file, spec)
+    from astraflow.protocol.client import AuthError, ServiceUnreachable, TLSError
     from astraflow.rollout.service import NodeOptions, run_node
 
     opts = NodeOptions(join=join, token=token, policies=policies, engine=engine,
                        concurrency=concurrency, device=device, name=name, replace=replace,
                        region=region,
                        torch_threads=threads, drain_timeout_s=drain_timeout,
-                       env_workers=env_workers, env_timeout_s=env_timeout)  # fmt: skip
+                       env_workers=env_workers, env_timeout_s=env_timeout,
+                       ca_file=str(ca) if ca else None)  # fmt: skip
     try:
         code = run_node(opts, spec)
     except AuthError:
         fail(f"the dataflow service at {join} rejected the run token (wrong --token?)")
     except ServiceUnreachable as exc:
         fail(f"cannot reach the dataflow service at {join}: {exc}")
+    except TLSError as exc:
+        fail(str(exc))
     except ValueError as exc:
         fail(str(exc))
     raise typer.Exit(code)
@@ -127,25 +222,35 @@ def trainer(
     recipe: Path = typer.Option(..., "--recipe", "-r", help="Recipe file"),
     policy: str = typer.Option(..., "--policy", help="Policy this trainer trains"),
     join: str = typer.Option(..., "--join", help="Dataflow service URL"),
-    token: str = typer.Option(None, "--token", envvar="ASTRAFLOW_TOKEN", help="Run token"),
+    token: str = typer.Option(
+        None, "--token", envvar="ASTRAFLOW_TOKEN", help="Trainer token (or the run secret)"
+    ),
     run_dir: Path = typer.Option(None, "--run-dir", help="Run directory (default: the recipe's)"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint"),
     weights_host: str = typer.Option(
-        "127.0.0.1", "--weights-host", help="Bind address of the weight server"
+        None,
+        "--weights-host",
+        help="Address of the weight server, which nodes fetch from (default: the recipe's "
+        "dataflow.host when it is one address, else 127.0.0.1)",
     ),
     weights_port: int = typer.Option(
         0, "--weights-port", help="Port of the weight server (0: free)"
     ),
     overrides: list[str] = typer.Option([], "--set", help="Override a recipe key: a.b=c"),
+    tls_cert: Path = typer.Option(
+        None, "--tls-cert", envvar="ASTRAFLOW_TLS_CERT", help=_CERT_HELP + " (weight server)"
+    ),
+    tls_key: Path = typer.Option(None, "--tls-key", envvar="ASTRAFLOW_TLS_KEY", help=_KEY_HELP),
+    ca_file: Path = typer.Option(None, "--ca-file", envvar="ASTRAFLOW_CA_FILE", help=_CA_HELP),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
-    """Trainer for one policy (TRL GRPO family); serves its weight versions over HTTP."""
+    """Trainer for one policy (TRL GRPO family); serves its weight versions over HTTP(S)."""
     import logging
 
+    from astraflow.protocol.auth import ADMIN, TRAINER
     from cli.common import fail, load_recipe_or_exit
 
-    if not token:
-        fail("no run token: pass --token or set ASTRAFLOW_TOKEN")
+    _check_token(token, "trainer", (TRAINER, ADMIN))
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
@@ -155,10 +260,16 @@ def trainer(
         fail(
             f"--policy {policy!r} is not defined in {recipe}; defined: {', '.join(sorted(spec.policies))}"
         )
+    tls = _server_tls(tls_cert, tls_key, spec, "the trainer's weight server")
+    ca = _ca_file(ca_file, spec)
+    if weights_host is None:
+        weights_host = _default_weights_host(spec.dataflow.host)
+    from astraflow.protocol.client import DataflowClientError
     from astraflow.trainer.wiring import serve_trainer
 
     try:
         serve_trainer(spec, policy, join, token, run_dir or spec.run.run_dir, resume=resume,
-                      weights_host=weights_host, weights_port=weights_port)  # fmt: skip
-    except ValueError as exc:
+                      weights_host=weights_host, weights_port=weights_port, tls=tls,
+                      ca_file=str(ca) if ca else None)  # fmt: skip
+    except (ValueError, DataflowClientError) as exc:
         fail(str(exc))

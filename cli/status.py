@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -112,7 +113,12 @@ def render(doc: dict[str, Any]) -> Group:
 
 def status(
     url: str = typer.Argument(..., help="Dataflow service URL, e.g. http://127.0.0.1:8700"),
-    token: str = typer.Option(..., "--token", envvar="ASTRAFLOW_TOKEN", help="Run token"),
+    token: str = typer.Option(
+        ..., "--token", envvar="ASTRAFLOW_TOKEN", help="Run secret, admin or trainer token"
+    ),
+    ca_file: Path = typer.Option(
+        None, "--ca-file", envvar="ASTRAFLOW_CA_FILE", help="CA to verify an https:// URL against"
+    ),
     once: bool = typer.Option(False, "--once", help="Print the status once and exit"),
     interval: float = typer.Option(1.0, "--interval", min=0.1, help="Refresh period (seconds)"),
 ) -> None:
@@ -120,8 +126,15 @@ def status(
     from rich.live import Live
 
     from astraflow.protocol.client import DataflowClientError, SyncDataflowClient
+    from astraflow.protocol.tls import TLSConfigError
 
-    with SyncDataflowClient(url, token, timeout=10.0, retries=1) as client:
+    try:
+        client = SyncDataflowClient(
+            url, token, timeout=10.0, retries=1, ca_file=str(ca_file) if ca_file else None
+        )
+    except TLSConfigError as exc:
+        fail(str(exc))
+    with client:
         try:
             doc = client.status()
         except DataflowClientError as exc:

@@ -13,8 +13,19 @@ from typer.testing import CliRunner
 from cli.common import EXIT_UNAVAILABLE, unavailable
 
 REPO = Path(__file__).resolve().parents[1]
-COMMANDS = ["train", "eval", "envs", "serve", "status", "recipe", "models", "report"]
-HEAVY = ("torch", "transformers", "trl", "vllm", "ray")
+COMMANDS = [
+    "train",
+    "eval",
+    "envs",
+    "serve",
+    "status",
+    "recipe",
+    "models",
+    "report",
+    "certs",
+    "token",
+]
+HEAVY = ("torch", "transformers", "trl", "vllm", "ray", "cryptography")
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -1,7 +1,9 @@
 """The dataflow service's HTTP API (FastAPI). Routes are thin: parse, call the service, reply.
 
-Every route but ``GET /healthz`` needs ``Authorization: Bearer <run token>``. Bodies are msgpack or
-JSON (see :mod:`astraflow.dataflow.http`); the OpenAPI document at ``/openapi.json`` describes both.
+Every route but ``GET /healthz`` needs ``Authorization: Bearer <token>``: the run secret (admin) or
+a role token derived from it, whose role the route allows (:mod:`astraflow.dataflow.access`). Bodies
+are msgpack or JSON (see :mod:`astraflow.dataflow.http`); the OpenAPI document at ``/openapi.json``
+describes both and names each route's roles (``x-roles``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from astraflow.dataflow.access import allowed_roles
 from astraflow.dataflow.config import ServiceConfig
 from astraflow.dataflow.errors import DataflowError
 from astraflow.dataflow.fastpath import FastPath
@@ -50,6 +53,7 @@ from astraflow.protocol import (
     TrajectoryPush,
     VersionAnnouncement,
 )
+from astraflow.protocol.auth import ROLES, TokenDigests, TokenVerifier
 from astraflow.protocol.codec import JSON, MSGPACK
 from astraflow.recipe.schema import Recipe
 
@@ -77,7 +81,8 @@ def _body(model) -> dict:
 
 
 _ERRORS = {
-    401: {"description": "Missing or wrong run token"},
+    401: {"description": "Missing or wrong token"},
+    403: {"description": "A valid token of a role this route does not allow (see x-roles)"},
     413: {"description": "Body larger than dataflow.max_body_mb"},
     422: {"description": "Malformed body; `fields` names the offending fields"},
 }
@@ -111,6 +116,7 @@ def create_app(
     """The dataflow service as an ASGI app; the store opens now, background work at startup."""
     if not token:
         raise ValueError("the dataflow service needs a run token (--token or ASTRAFLOW_TOKEN)")
+    verifier = TokenVerifier.from_secret(token)  # a role token instead of the secret: ValueError
     config = config or ServiceConfig.from_recipe(recipe)
     store_path = (
         Path(store_path)
@@ -134,8 +140,10 @@ def create_app(
         description=(
             "Tasks, leases, trajectories, per-policy buffers, batches and versions of one run. "
             "Bodies: application/msgpack (token arrays as packed little-endian int32/float32 "
-            "bytes) or application/json (plain lists). Auth: `Authorization: Bearer <run token>` "
-            "on every route but /healthz."
+            "bytes) or application/json (plain lists). Auth: `Authorization: Bearer <token>` "
+            "on every route but /healthz: the run secret (admin) or a node/trainer/admin token "
+            "derived from it; `x-roles` names the roles each route accepts (401: no token of "
+            "this run; 403: a token of another role)."
         ),
         lifespan=lifespan,
         separate_input_output_schemas=False,
@@ -145,7 +153,7 @@ def create_app(
     # fast path answers the hot msgpack routes; everything else goes through FastAPI.
     app.outer = GuardMiddleware(
         FastPath(app.fastapi_call, service=service, max_body_bytes=limit),
-        token=token,
+        token=verifier,
         max_body_bytes=limit,
     )
 
@@ -311,6 +319,19 @@ def create_app(
             await service.wait_done(wait_done_s)
         return respond(request, await service.status())
 
+    @app.get(
+        "/auth/verifiers",
+        tags=["meta"],
+        response_model=TokenDigests,
+        responses=_ERRORS,
+        summary="SHA-256 digests of the run's role tokens",
+    )
+    async def auth_verifiers(request: Request):
+        """Lets a trainer's weight server, which holds only a trainer token, check the node,
+        trainer and admin tokens that fetch weights (digests of derived tokens, never of the
+        secret)."""
+        return respond(request, verifier.digests())
+
     @app.get("/recipe", tags=["meta"], summary="The run's resolved recipe", responses=_ERRORS)
     async def get_recipe(request: Request):
         """Lets a node join with only the URL and the token (``serve rollout --join``)."""
@@ -338,6 +359,7 @@ def create_app(
             for op in ops.values():
                 if path != "/healthz":
                     op["security"] = [{"bearer": []}]
+                    op["x-roles"] = [r for r in ROLES if r in allowed_roles(path)]
         app.openapi_schema = schema
         return schema
 

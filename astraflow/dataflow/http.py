@@ -8,7 +8,6 @@ validation path, token arrays stay packed bytes, and a 422 names the offending f
 
 from __future__ import annotations
 
-import hmac
 import json
 from typing import Any, TypeVar
 
@@ -17,11 +16,13 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
+from astraflow.dataflow.access import allowed_roles
+from astraflow.protocol.auth import TokenVerifier, bearer, roles_phrase
 from astraflow.protocol.codec import JSON, MSGPACK, BodyTooLarge, decode, encode
 
 M = TypeVar("M", bound=BaseModel)
 
-#: Paths reachable without the run token.
+#: Paths reachable without a token.
 OPEN_PATHS = frozenset({"/healthz"})
 
 
@@ -41,15 +42,19 @@ async def _send_json(send, status: int, body: dict, extra_headers=()) -> None:
 
 
 class GuardMiddleware:
-    """Bearer-token check on every path but /healthz, and an early 413 from Content-Length.
+    """Bearer-token and role check on every path but /healthz, and an early 413 from
+    Content-Length.
 
     A pure ASGI middleware (no body buffering): it runs before routing, so even unknown paths and
-    the OpenAPI document need the token.
+    the OpenAPI document need a token. A missing or unknown token is 401; a valid token whose role
+    the path does not allow (:mod:`astraflow.dataflow.access`) is 403, naming the role needed.
     """
 
-    def __init__(self, app, token: str, max_body_bytes: int) -> None:
+    def __init__(self, app, token: str | TokenVerifier, max_body_bytes: int) -> None:
         self.app = app
-        self.expected = f"Bearer {token}".encode()
+        self.verifier = (
+            token if isinstance(token, TokenVerifier) else TokenVerifier.from_secret(token)
+        )
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope, receive, send) -> None:
@@ -57,13 +62,23 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         auth = _header(scope, b"authorization")
-        if auth is None or not hmac.compare_digest(auth, self.expected):
+        token = bearer(auth)
+        role = self.verifier.role_of(token) if token is not None else None
+        if role is None:
             detail = (
                 "missing run token: send 'Authorization: Bearer <token>'"
-                if auth is None
-                else "wrong run token"
+                if token is None
+                else "wrong run token: neither the run secret nor a role token of this run"
             )
             await _send_json(send, 401, {"detail": detail}, [(b"www-authenticate", b"Bearer")])
+            return
+        allowed = allowed_roles(scope["path"])
+        if role not in allowed:
+            detail = (
+                f"{scope['method']} {scope['path']} needs {roles_phrase(allowed)}; "
+                f"the token sent is a {role} token"
+            )
+            await _send_json(send, 403, {"detail": detail, "fields": []})
             return
         length = _header(scope, b"content-length")
         if length is not None:

@@ -1,7 +1,9 @@
 """Run the dataflow app under uvicorn; optionally write the bound URL to a port file.
 
-The launcher starts the service with ``port = 0`` and reads ``http://host:port`` from the port file,
-which appears only once the socket is listening (written atomically, so a reader never sees half).
+The launcher starts the service with ``port = 0`` and reads ``http(s)://host:port`` from the port
+file, which appears only once the socket is listening (written atomically, so a reader never sees
+half). Given a :class:`~astraflow.protocol.tls.ServerTLS`, the service speaks HTTPS and the URL
+says so.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
+
+from astraflow.protocol.tls import ServerTLS
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -33,9 +37,9 @@ def write_port_file(path: Path, url: str) -> None:
     os.replace(tmp, path)
 
 
-def url_for(host: str, port: int) -> str:
+def url_for(host: str, port: int, tls: bool = False) -> str:
     shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}"
+    return f"{'https' if tls else 'http'}://{shown}:{port}"
 
 
 async def serve(
@@ -44,6 +48,7 @@ async def serve(
     port: int = 0,
     port_file: Path | None = None,
     log_level: str = "warning",
+    tls: ServerTLS | None = None,
 ) -> None:
     sock = bind_socket(host, port)
     actual = sock.getsockname()[1]
@@ -55,6 +60,7 @@ async def serve(
         http="httptools",
         timeout_keep_alive=30,
         backlog=2048,
+        **(tls.uvicorn_kwargs() if tls else {}),
     )
     server = uvicorn.Server(config)
 
@@ -64,7 +70,7 @@ async def serve(
                 return
             await asyncio.sleep(0.02)
         if port_file is not None:
-            write_port_file(port_file, url_for(host, actual))
+            write_port_file(port_file, url_for(host, actual, tls is not None))
 
     task = asyncio.create_task(announce())
     try:
@@ -79,6 +85,7 @@ def run(
     port: int = 0,
     port_file: Path | None = None,
     log_level: str = "warning",
+    tls: ServerTLS | None = None,
 ) -> None:
     try:
         import uvloop
@@ -88,6 +95,6 @@ def run(
         factory = None
     if factory is not None and hasattr(asyncio, "Runner"):  # Python >= 3.11
         with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(serve(app, host, port, port_file, log_level))
+            runner.run(serve(app, host, port, port_file, log_level, tls))
     else:
-        asyncio.run(serve(app, host, port, port_file, log_level))
+        asyncio.run(serve(app, host, port, port_file, log_level, tls))

@@ -8,7 +8,6 @@ the dataflow service, then the trainers and rollout nodes pointed at it, shows a
 from __future__ import annotations
 
 import json
-import secrets
 import signal
 import subprocess
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from astraflow.launch.processes import Service, astraflow_argv, service_env
+from astraflow.launch.security import RunSecurity
 from astraflow.launch.supervision import RestartBudget, RestartLog
 from astraflow.recipe import Recipe, load_recipe, recipe_to_toml
 
@@ -62,7 +62,8 @@ class LocalLauncher:
         self.resume = resume
         self.startup_timeout_s = startup_timeout_s
         self.eval_grace_s = eval_grace_s
-        self.token = secrets.token_urlsafe(24)
+        self.token = ""  # the run secret (admin token), from run_dir/run.secret at start()
+        self.security: RunSecurity | None = None
         self.handle: RunHandle | None = None
         self.restarts = RestartBudget(recipe.run.max_restarts, recipe.run.restart_backoff_s)
         self.restart_log = RestartLog(run_dir / "restarts.jsonl")
@@ -77,22 +78,34 @@ class LocalLauncher:
         recipe_path.write_text(recipe_to_toml(self.recipe))
         (rd / "run.json").write_text(json.dumps({"started": time.time(), "resume": self.resume}))
         threads = self.recipe.run.torch_threads
-        self._env = env = service_env(self.token, threads)
+        # role tokens and TLS: each kind of service gets its own environment (security.py)
+        try:
+            self.security = RunSecurity.prepare(self.recipe, rd)
+        except (ValueError, OSError) as exc:  # a missing or unusable certificate file
+            raise LaunchError(f"[security]: {exc}") from exc
+        self.token = self.security.secret
+        self._env = service_env(self.token, threads)
         url_file = rd / "dataflow.url"
         url_file.unlink(missing_ok=True)
-        dataflow = self._dataflow(self.recipe.dataflow.port).start(env)
+        dataflow = self._start(self._dataflow(self.recipe.dataflow.port))
         handle = RunHandle(rd, "", self.token, [dataflow])
         self.handle = handle
         handle.url = self._wait_for_url(url_file, dataflow)
         self._wait_healthy(handle.url, dataflow)
         for policy in self.recipe.trainable_policies():
-            handle.services.append(self._trainer(policy, self.resume).start(env))
+            handle.services.append(self._start(self._trainer(policy, self.resume)))
         for i in range(self.recipe.rollout.nodes):
-            handle.services.append(self._node(i).start(env))
+            handle.services.append(self._start(self._node(i)))
         self._write_pids()
         return handle
 
     # The services of a run, as started first and as restarted after a crash.
+    def _start(self, svc: Service) -> Service:
+        """Start ``svc`` with the environment of its role (its token, the TLS files)."""
+        assert self.security
+        role = "dataflow" if svc.name == "dataflow" else svc.name.split("-", 1)[0]
+        return svc.start(self.security.env(role, self._env))
+
     def _dataflow(self, port: int) -> Service:
         rd = self.run_dir
         argv = astraflow_argv(
@@ -161,7 +174,7 @@ class LocalLauncher:
         else:
             svc = self._node(int(name.removeprefix("node-")), replace=True)
         self.handle.services = [s for s in self.handle.services if s.name != name] + [
-            svc.start(self._env)
+            self._start(svc)
         ]
         self.restart_log.write("restart", name, pid=svc.pid, restarts=self.restarts.used[name])
         self._write_pids()
@@ -188,7 +201,8 @@ class LocalLauncher:
         deadline = time.time() + self.startup_timeout_s
         while time.time() < deadline:
             try:
-                if httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200:
+                r = httpx.get(f"{url}/healthz", timeout=2.0, verify=self._verify())
+                if r.status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -198,6 +212,9 @@ class LocalLauncher:
         raise LaunchError(
             f"dataflow service at {url} not healthy within {self.startup_timeout_s:.0f}s"
         )
+
+    def _verify(self):
+        return self.security.verify if self.security else True
 
     # ------------------------------------------------------------------ watch
     def status(self, wait_done_s: float = 0.0) -> dict | None:
@@ -209,6 +226,7 @@ class LocalLauncher:
                 params={"wait_done_s": wait_done_s} if wait_done_s > 0 else None,
                 headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json"},
                 timeout=5.0 + wait_done_s,
+                verify=self._verify(),
             )
             return r.json() if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError):

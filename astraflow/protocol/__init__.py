@@ -1,5 +1,6 @@
 """Types and encodings shared by every AstraFlow component (the only shared code between them)."""
 
+from astraflow.protocol.auth import TokenDigests
 from astraflow.protocol.codec import (
     JSON,
     MAX_BODY_BYTES,
@@ -76,4 +77,5 @@ __all__ = [
     "Trajectory",
     "WeightVersion",
     "new_id",
+    "TokenDigests",
 ]

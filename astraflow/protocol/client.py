@@ -6,6 +6,10 @@ rollout nodes, and :class:`SyncDataflowClient` (``httpx.Client``) for a trainer 
 Bodies are msgpack. Network errors and 5xx replies are retried with exponential backoff; each
 request body is encoded once, so a retry carries the SAME idempotency key and the service applies
 it at most once (a retried push whose first attempt did land is answered ``duplicate=True``).
+
+``https://`` services are verified against ``ca_file`` (else ``$ASTRAFLOW_CA_FILE``, else the
+system trust store; see :mod:`astraflow.protocol.tls`). A failed TLS handshake is not retried: it
+cannot succeed on a second try, and the error says which CA file to give.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel
 
+from astraflow.protocol.auth import TokenDigests
 from astraflow.protocol.codec import JSON, MSGPACK, DecodeError, decode, decode_obj, encode
 from astraflow.protocol.messages import (
     Ack,
@@ -40,6 +45,7 @@ from astraflow.protocol.messages import (
     TrajectoryPush,
 )
 from astraflow.protocol.models import WeightVersion, new_id
+from astraflow.protocol.tls import client_verify, tls_failure
 from astraflow.recipe.schema import Recipe
 
 M = TypeVar("M", bound=BaseModel)
@@ -52,7 +58,11 @@ class DataflowClientError(RuntimeError):
 
 
 class AuthError(DataflowClientError):
-    """HTTP 401: the token does not match the run's token."""
+    """HTTP 401: the token is not the run's secret nor one of its role tokens."""
+
+
+class TLSError(DataflowClientError):
+    """The TLS handshake failed (unverifiable certificate, plain HTTP behind an https:// URL)."""
 
 
 class ServiceUnreachable(DataflowClientError):
@@ -72,6 +82,10 @@ class RequestRejected(DataflowClientError):
 
 class NotFoundError(RequestRejected):
     """HTTP 404: unknown node, lease, batch or evaluation."""
+
+
+class ForbiddenError(RequestRejected):
+    """HTTP 403: a valid token whose role may not call this route (e.g. a node token acking)."""
 
 
 @dataclass
@@ -106,8 +120,11 @@ class _ClientBase:
         retries: int = 5,
         backoff_s: float = 0.2,
         max_backoff_s: float = 5.0,
+        ca_file: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        # plain http:// ignores TLS settings (a stale $ASTRAFLOW_CA_FILE must not break it)
+        self.verify = client_verify(ca_file) if self.base_url.startswith("https://") else True
         self.token = token
         self.timeout = timeout
         self.retries = retries
@@ -144,6 +161,12 @@ class _ClientBase:
         base = min(self.max_backoff_s, self.backoff_s * (2**attempt))
         return base * (0.5 + random.random() / 2)
 
+    def _tls_error(self, exc: Exception) -> TLSError | None:
+        reason = tls_failure(exc)
+        return (
+            None if reason is None else TLSError(f"dataflow service at {self.base_url}: {reason}")
+        )
+
     def _unreachable(self, call: _Call, last: Exception | str) -> ServiceUnreachable:
         return ServiceUnreachable(
             f"dataflow service at {self.base_url} unreachable ({call.method} {call.path}) after "
@@ -171,7 +194,7 @@ class _ClientBase:
             )
         if resp.status_code >= 400:
             detail, fields = self._error_detail(resp)
-            cls = NotFoundError if resp.status_code == 404 else RequestRejected
+            cls = {404: NotFoundError, 403: ForbiddenError}.get(resp.status_code, RequestRejected)
             raise cls(resp.status_code, detail, fields)
         ctype = resp.headers.get("content-type", JSON)
         if call.reply is None:
@@ -211,12 +234,14 @@ class DataflowClient(_ClientBase):
         backoff_s: float = 0.2,
         max_backoff_s: float = 5.0,
         max_connections: int = 8,
+        ca_file: str | None = None,
     ) -> None:
-        super().__init__(base_url, token, timeout, retries, backoff_s, max_backoff_s)
+        super().__init__(base_url, token, timeout, retries, backoff_s, max_backoff_s, ca_file)
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             headers=self.headers,
             timeout=timeout,
+            verify=self.verify,
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
             ),
@@ -243,6 +268,8 @@ class DataflowClient(_ClientBase):
                     timeout=self.timeout + call.extra_timeout,
                 )
             except httpx.TransportError as exc:
+                if (tls := self._tls_error(exc)) is not None:
+                    raise tls from exc
                 last = f"{type(exc).__name__}: {exc}"
             else:
                 if resp.status_code not in RETRY_STATUS:
@@ -325,6 +352,10 @@ class DataflowClient(_ClientBase):
         """``GET /status``; with ``wait_done_s``, answered as soon as the run is done (or then)."""
         return await self._execute(_status_call(wait_done_s))
 
+    async def auth_verifiers(self) -> TokenDigests:
+        """Digests of the run's role tokens (``GET /auth/verifiers``; trainer or admin)."""
+        return await self._execute(_Call("GET", "/auth/verifiers", reply=TokenDigests))
+
     async def recipe(self) -> Recipe:
         """The run's resolved recipe (``GET /recipe``), so a node needs only URL and token."""
         return Recipe.model_validate(await self._execute(_Call("GET", "/recipe")))
@@ -341,9 +372,12 @@ class SyncDataflowClient(_ClientBase):
         retries: int = 5,
         backoff_s: float = 0.2,
         max_backoff_s: float = 5.0,
+        ca_file: str | None = None,
     ) -> None:
-        super().__init__(base_url, token, timeout, retries, backoff_s, max_backoff_s)
-        self._http = httpx.Client(base_url=self.base_url, headers=self.headers, timeout=timeout)
+        super().__init__(base_url, token, timeout, retries, backoff_s, max_backoff_s, ca_file)
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=self.headers, timeout=timeout, verify=self.verify
+        )
 
     def __enter__(self) -> SyncDataflowClient:
         return self
@@ -366,6 +400,8 @@ class SyncDataflowClient(_ClientBase):
                     timeout=self.timeout + call.extra_timeout,
                 )
             except httpx.TransportError as exc:
+                if (tls := self._tls_error(exc)) is not None:
+                    raise tls from exc
                 last = f"{type(exc).__name__}: {exc}"
             else:
                 if resp.status_code not in RETRY_STATUS:
@@ -432,6 +468,10 @@ class SyncDataflowClient(_ClientBase):
     def status(self, wait_done_s: float = 0.0) -> dict:
         """``GET /status``; with ``wait_done_s``, answered as soon as the run is done (or then)."""
         return self._execute(_status_call(wait_done_s))
+
+    def auth_verifiers(self) -> TokenDigests:
+        """Digests of the run's role tokens (``GET /auth/verifiers``; trainer or admin)."""
+        return self._execute(_Call("GET", "/auth/verifiers", reply=TokenDigests))
 
     def recipe(self) -> Recipe:
         """The run's resolved recipe (``GET /recipe``)."""

@@ -293,6 +293,39 @@ class LoggingConfig(Section):
     log_every: int = Field(default=1, ge=1)
 
 
+class SecurityConfig(Section):
+    """``[security]``: HTTPS between the run's services (bearer tokens are always role-scoped:
+    the local launcher gives nodes node tokens and trainers trainer tokens)."""
+
+    tls: bool = Field(
+        default=False,
+        description="Serve the dataflow service and the trainers' weight servers over HTTPS; "
+        "without cert_file/key_file the local launcher creates a CA and a certificate in "
+        "run_dir/tls",
+    )
+    cert_file: Path | None = Field(default=None, description="Server certificate chain (PEM)")
+    key_file: Path | None = Field(default=None, description="Private key of cert_file (PEM)")
+    ca_file: Path | None = Field(
+        default=None,
+        description="CA that clients verify the services against (default: the generated CA, "
+        "or the system trust store when cert_file is given)",
+    )
+    cert_hosts: list[str] = Field(
+        default_factory=list,
+        description="Extra host names/IPs for the generated certificate (loopback, this "
+        "machine's hostname and dataflow.host are always in it)",
+    )
+
+    @model_validator(mode="after")
+    def _files_need_tls(self) -> SecurityConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("security.cert_file and security.key_file go together: give both")
+        given = [k for k in ("cert_file", "key_file", "ca_file") if getattr(self, k) is not None]
+        if given and not self.tls:
+            raise ValueError(f"security.{given[0]} is set but security.tls is false")
+        return self
+
+
 class Recipe(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     policies: dict[str, PolicyConfig] = Field(
@@ -305,6 +338,7 @@ class Recipe(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
 
     @field_validator("policies")
     @classmethod

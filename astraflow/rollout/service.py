@@ -1,7 +1,8 @@
 """`astraflow serve rollout`: build engines for the recipe's policies and run a node until done.
 
-A node needs only the dataflow URL and the run token: it reads the run's recipe from the service
-(``GET /recipe``), so a node started by hand in another region joins with two arguments.
+A node needs only the dataflow URL and its node token (and, over HTTPS, the run's CA file): it
+reads the run's recipe from the service (``GET /recipe``), so a node started by hand in another
+region joins with two or three arguments.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class NodeOptions:
     #: override the recipe's rollout.env_workers / rollout.env_timeout_s on this node
     env_workers: int | None = None
     env_timeout_s: float | None = None
+    #: CA file to verify https:// services against (None: $ASTRAFLOW_CA_FILE, else system CAs)
+    ca_file: str | None = None
 
 
 #: Exit status of a node whose engine died (its leases are left to expire; see node.py).
@@ -92,7 +95,11 @@ async def _probe(opts: NodeOptions) -> Recipe:
     from astraflow.protocol.client import DataflowClient
 
     async with DataflowClient(
-        opts.join, opts.token, timeout=STARTUP_TIMEOUT_S, retries=STARTUP_RETRIES
+        opts.join,
+        opts.token,
+        timeout=STARTUP_TIMEOUT_S,
+        retries=STARTUP_RETRIES,
+        ca_file=opts.ca_file,
     ) as probe:
         await probe.healthz()
         return await probe.recipe()  # needs the token: a wrong one fails here with AuthError
@@ -107,7 +114,7 @@ async def _run(opts: NodeOptions, recipe: Recipe | None) -> int:
 
     served_recipe = await _probe(opts)
     recipe = recipe or served_recipe
-    client = DataflowClient(opts.join, opts.token)
+    client = DataflowClient(opts.join, opts.token, ca_file=opts.ca_file)
     policies: dict[str, Any] = {}
     try:
         policies = build_policies(recipe, opts)
@@ -131,7 +138,9 @@ async def _run(opts: NodeOptions, recipe: Recipe | None) -> int:
         def fetch(policy: str, location: str, have: int | None, want: int):
             wc = weight_clients.get(location)
             if wc is None:
-                wc = weight_clients[location] = WeightClient(location, opts.token)
+                wc = weight_clients[location] = WeightClient(
+                    location, opts.token, ca_file=opts.ca_file
+                )
             return wc.fetch_update(policy, have_version=have, want_version=want)
 
         settings = NodeSettings(

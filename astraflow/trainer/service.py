@@ -32,6 +32,7 @@ def run_trainer(
     max_staleness: int | None = None,
     resume: bool | str = True,
     wait_s: float = 30.0,
+    ca_file: str | None = None,
 ) -> int:
     """Train ``policy`` until ``run.max_steps`` or until the dataflow says the run is over.
 
@@ -51,7 +52,7 @@ def run_trainer(
         raise ValueError(f"policy {policy!r} has trainable = false; it has no trainer")
     run_dir = Path(run_dir) if run_dir is not None else recipe.run.run_dir
     # patient: a dataflow restart (supervised crash) takes seconds; retrying bridges it
-    client = SyncDataflowClient(dataflow_url, token, retries=10)
+    client = SyncDataflowClient(dataflow_url, token, ca_file=ca_file, retries=10)
 
     def publish_and_announce(version: int, state_dict: dict[str, Any]) -> None:
         if publish is None:

@@ -162,12 +162,20 @@ class DataflowBatchSource:
 
     @classmethod
     def connect(
-        cls, url: str, token: str, *, trainer_id: str = "trainer", wait_s: float = 30.0
+        cls,
+        url: str,
+        token: str,
+        *,
+        trainer_id: str = "trainer",
+        wait_s: float = 30.0,
+        ca_file: str | None = None,
     ) -> DataflowBatchSource:
         """A source over a new ``SyncDataflowClient`` for the dataflow service at ``url``."""
         from astraflow.protocol.client import SyncDataflowClient
 
-        return cls(SyncDataflowClient(url, token), trainer_id=trainer_id, wait_s=wait_s)
+        return cls(
+            SyncDataflowClient(url, token, ca_file=ca_file), trainer_id=trainer_id, wait_s=wait_s
+        )
 
     def close(self) -> None:
         close = getattr(self._client, "close", None)

@@ -2,8 +2,11 @@
 
 This is the composition ``astraflow serve trainer`` runs. The trainer itself
 (:func:`astraflow.trainer.service.run_trainer`) knows nothing about where weights go; here each
-published version lands in ``run_dir/weights`` (full snapshot + sparse delta), is served over HTTP
-with the run token, and is announced to the dataflow service, which tells the rollout nodes.
+published version lands in ``run_dir/weights`` (full snapshot + sparse delta), is served over
+HTTP(S) to any token of the run, and is announced to the dataflow service, which tells the rollout
+nodes. A trainer holding only its trainer token cannot derive the node tokens it must accept, so
+its weight server checks them against digests the dataflow service hands to trainers
+(``GET /auth/verifiers``); one holding the run secret checks them itself.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.protocol import EvaluationRequest
+from astraflow.protocol.auth import TokenVerifier, token_role
+from astraflow.protocol.tls import ServerTLS
 from astraflow.recipe import Recipe
 
 log = logging.getLogger("astraflow.trainer")
@@ -28,6 +33,8 @@ def serve_trainer(
     resume: bool = False,
     weights_host: str = "127.0.0.1",
     weights_port: int = 0,
+    tls: ServerTLS | None = None,
+    ca_file: str | None = None,
 ) -> int:
     from astraflow.protocol.client import SyncDataflowClient
     from astraflow.trainer.service import run_trainer
@@ -41,12 +48,17 @@ def serve_trainer(
     # The weight server needs the store to exist before it knows its own URL, and the store stamps
     # that URL into every WeightVersion it announces: bind first, then create the announcing store.
     root = run_dir / "weights"
-    url, stop = serve_in_thread(
-        create_weight_app(WeightStore(root), token), weights_host, weights_port
-    )
+    evals = SyncDataflowClient(dataflow_url, token, ca_file=ca_file)
+    try:
+        verifier = _weight_verifier(evals, token)
+        url, stop = serve_in_thread(
+            create_weight_app(WeightStore(root), verifier), weights_host, weights_port, tls=tls
+        )
+    except BaseException:
+        evals.close()
+        raise
     store = WeightStore(root, location=url)
     log.info("weight server for %s at %s (store %s)", policy, url, root)
-    evals = SyncDataflowClient(dataflow_url, token)
     every = recipe.evaluation.every_steps
 
     def publish(version: int, state: dict[str, Any]):
@@ -67,7 +79,7 @@ def serve_trainer(
         _request_eval(evals, policy, 0)
     try:
         version = run_trainer(recipe, policy, dataflow_url, token, run_dir, publish=publish,
-                           on_step=on_step, resume=resume)  # fmt: skip
+                           on_step=on_step, resume=resume, ca_file=ca_file)  # fmt: skip
         # Nodes fetch this policy's weights from this process, for its final evaluation and for
         # the other policies' remaining training (a node joining late needs them too): keep the
         # weight server up until the whole run is done.
@@ -76,6 +88,14 @@ def serve_trainer(
     finally:
         evals.close()
         stop()
+
+
+def _weight_verifier(client, token: str) -> TokenVerifier:
+    """Who may read this trainer's weights: every token of the run. With the run secret that is
+    checked locally; with a role token, against the digests the dataflow service serves."""
+    if token_role(token) is None:
+        return TokenVerifier.from_secret(token)
+    return TokenVerifier.from_digests(client.auth_verifiers())
 
 
 def _wait_for_run_end(client, policy: str, wait_s: float = 30.0) -> None:

@@ -8,7 +8,8 @@ length and sha256 before it is parsed, and the resulting state's digest is check
 (deltas) or on load (full), so truncated or corrupted transfers are rejected, never installed.
 
 Sources: an ``http(s)://`` URL of a trainer's weight server (bearer token; retries with backoff;
-an interrupted download resumes with a ``Range`` request) or a shared directory.
+an interrupted download resumes with a ``Range`` request; ``https://`` is verified against
+``ca_file`` or ``$ASTRAFLOW_CA_FILE``, and a failed handshake is not retried) or a shared directory.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from astraflow.protocol.tls import client_verify, tls_failure
 from astraflow.weights.delta import DeltaChain, DeltaError, SparseDelta
 from astraflow.weights.digest import bytes_digest, state_digest
 from astraflow.weights.store import WeightStore, WeightStoreError
@@ -37,6 +39,7 @@ class WeightClient:
         timeout: float = 60.0,
         retries: int = 4,
         backoff: float = 0.25,
+        ca_file: str | Path | None = None,
     ):
         self.source = str(source)
         self.max_chain = max_chain
@@ -48,8 +51,14 @@ class WeightClient:
             import httpx
 
             headers = {"Authorization": f"Bearer {token}"} if token else {}
+            https = self.source.startswith("https://")
             self._http = httpx.Client(
-                base_url=self.source.rstrip("/"), headers=headers, timeout=timeout
+                base_url=self.source.rstrip("/"),
+                headers=headers,
+                timeout=timeout,
+                transport=_tls_checked_transport(
+                    client_verify(ca_file) if https else True, self.source
+                ),
             )
         else:
             root = Path(self.source)
@@ -260,6 +269,24 @@ class WeightClient:
                         f"GET {path} failed after {self.retries} retries: {exc}"
                     ) from exc
                 time.sleep(self.backoff * 2 ** (attempt - 1))
+
+
+def _tls_checked_transport(verify, source: str):
+    """httpx's transport, except that a failed TLS handshake raises :class:`WeightTransferError`
+    (not retried by the download loops: it cannot succeed on a second try) naming what to fix."""
+    import httpx
+
+    class Transport(httpx.HTTPTransport):
+        def handle_request(self, request):
+            try:
+                return super().handle_request(request)
+            except httpx.TransportError as exc:
+                reason = tls_failure(exc)
+                if reason is not None:
+                    raise WeightTransferError(f"weight server {source}: {reason}") from exc
+                raise
+
+    return Transport(verify=verify)
 
 
 def _resumes_at(resp, offset: int) -> bool:

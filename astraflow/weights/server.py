@@ -3,12 +3,13 @@
 Files go out as :class:`starlette.responses.FileResponse`, which streams from disk and honours
 ``Range`` requests, so a client can resume an interrupted download. Each file response names the
 version's state digest and the file's sha256 in headers; clients verify both. Every route except
-``GET /healthz`` needs ``Authorization: Bearer <token>``.
+``GET /healthz`` needs ``Authorization: Bearer <token>``: every route only reads, so any token of
+the run is accepted (node, trainer, admin; see :mod:`astraflow.protocol.auth`). Given a
+:class:`~astraflow.protocol.tls.ServerTLS`, the server speaks HTTPS.
 """
 
 from __future__ import annotations
 
-import hmac
 import socket
 import threading
 import time
@@ -17,6 +18,8 @@ from collections.abc import Callable
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse
 
+from astraflow.protocol.auth import TokenVerifier, bearer
+from astraflow.protocol.tls import ServerTLS
 from astraflow.weights.store import WeightStore, WeightStoreError
 
 DIGEST_HEADER = "X-Astraflow-Digest"
@@ -36,19 +39,24 @@ class WeightFileResponse(FileResponse):
     chunk_size = 4 * 1024 * 1024
 
 
-def create_weight_app(store: WeightStore, token: str) -> FastAPI:
-    """FastAPI app serving ``store`` (see the module docstring for the routes' contract)."""
+def create_weight_app(store: WeightStore, token: str | TokenVerifier) -> FastAPI:
+    """FastAPI app serving ``store`` (see the module docstring for the routes' contract).
+
+    ``token``: the run secret (accepts it and every role token derived from it), or a
+    :class:`TokenVerifier` built from the role tokens' digests when the trainer holds only its
+    trainer token."""
     if not token:
         raise ValueError("a weight server needs a non-empty bearer token")
+    verifier = token if isinstance(token, TokenVerifier) else TokenVerifier.from_secret(token)
     app = FastAPI(title="AstraFlow weight store", docs_url=None, redoc_url=None)
 
     def require_token(request: Request) -> None:
-        header = request.headers.get("authorization", "")
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
+        presented = bearer(request.headers.get("authorization"))
+        if presented is None or verifier.role_of(presented) is None:
             raise HTTPException(
                 status_code=401,
-                detail="missing or wrong bearer token (send 'Authorization: Bearer <run token>')",
+                detail="missing or wrong bearer token (send 'Authorization: Bearer <token>' with "
+                "a node, trainer or admin token of the run)",
                 headers={"WWW-Authenticate": "Bearer"},
             )
 
@@ -114,11 +122,16 @@ def create_weight_app(store: WeightStore, token: str) -> FastAPI:
 
 
 def serve_in_thread(
-    app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout: float = 10.0
+    app: FastAPI,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    timeout: float = 10.0,
+    tls: ServerTLS | None = None,
 ) -> tuple[str, Callable[[], None]]:
     """Run ``app`` under uvicorn in a daemon thread; returns (base URL, stop function).
 
     The socket is bound here, so ``port=0`` yields a free port known before the server starts.
+    With ``tls`` the server speaks HTTPS and the URL is ``https://``.
     """
     import uvicorn
 
@@ -126,7 +139,13 @@ def serve_in_thread(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound_port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        **(tls.uvicorn_kwargs() if tls else {}),
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="weight-server", daemon=True
@@ -144,4 +163,4 @@ def serve_in_thread(
         thread.join(timeout)
         sock.close()
 
-    return f"http://{host}:{bound_port}", stop
+    return f"{'https' if tls else 'http'}://{host}:{bound_port}", stop

@@ -79,18 +79,27 @@ def group(task_id: str, rewards: list[float], **kw) -> list[Episode]:
 
 
 class ThreadedService:
-    """The real app on a loopback port, served by uvicorn in a background thread."""
+    """The real app on a loopback port, served by uvicorn in a background thread (HTTPS when
+    given a :class:`~astraflow.protocol.tls.ServerTLS`)."""
 
-    def __init__(self, recipe: Recipe, store: Path, token: str = TOKEN, **app_kwargs) -> None:
+    def __init__(
+        self, recipe: Recipe, store: Path, token: str = TOKEN, *, tls=None, **app_kwargs
+    ) -> None:
         config = app_kwargs.pop("config", None) or ServiceConfig.from_recipe(
             recipe, **app_kwargs.pop("config_kwargs", {})
         )
         self.app = create_app(recipe, store, token, config=config, **app_kwargs)
         self.service = self.app.state.service
         self.sock = bind_socket("127.0.0.1", 0)
-        self.url = url_for("127.0.0.1", self.sock.getsockname()[1])
+        self.url = url_for("127.0.0.1", self.sock.getsockname()[1], tls is not None)
         self.server = uvicorn.Server(
-            uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="on")
+            uvicorn.Config(
+                self.app,
+                log_level="warning",
+                access_log=False,
+                lifespan="on",
+                **(tls.uvicorn_kwargs() if tls else {}),
+            )
         )
         self.thread = threading.Thread(target=self._run, daemon=True)
 
