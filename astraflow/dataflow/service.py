@@ -373,9 +373,14 @@ class DataflowService:
             # the steps after it are trained again on the same batches (see timeline.rewind).
             tx.execute("DELETE FROM versions WHERE policy=? AND version>?", (wv.policy, wv.version))
             undone = timeline.rewind(self.ctx, tx, wv.policy, wv.version)
+            timeline.reannounced(self.ctx, tx, wv.policy, wv.version, wv.digest)
+            # A restarted trainer announces its checkpoint's version again: the same weights
+            # keep their first announcement time (evaluations of them stay valid).
             tx.execute(
-                "INSERT OR REPLACE INTO versions(policy, version, body, created_at) "
-                "VALUES(?,?,?,?)",
+                "INSERT INTO versions(policy, version, body, created_at) VALUES(?,?,?,?) "
+                "ON CONFLICT(policy, version) DO UPDATE SET body=excluded.body, created_at="
+                "CASE WHEN json_extract(body, '$.digest') = json_extract(excluded.body, '$.digest') "
+                "THEN created_at ELSE excluded.created_at END",
                 (wv.policy, wv.version, wv.model_dump_json(), self.ctx.now()),
             )
             if self.config.sync:

@@ -92,6 +92,24 @@ def rewind(ctx: Context, tx: Tx, policy: str, version: int) -> int:
     return len(later)
 
 
+def reannounced(ctx: Context, tx: Tx, policy: str, version: int, digest: str) -> None:
+    """``version`` announced again: with other weights than before (a retrained step that was
+    not bit-identical), its evaluations measured weights that no longer exist: drop them."""
+    row = tx.one(
+        "SELECT json_extract(body, '$.digest') FROM versions WHERE policy=? AND version=?",
+        (policy, version),
+    )
+    if row is None or row[0] == digest:
+        return
+    _cancel_evaluations(tx, policy, version - 1, ctx.now())
+    ctx.metrics.forget(
+        tx,
+        lambda r: r.get("policy") == policy
+        and r.get("type") == "eval"
+        and int(r.get("version") or 0) >= version,
+    )
+
+
 def _cancel_evaluations(tx: Tx, policy: str, version: int, now: float) -> None:
     """Evaluations of versions after ``version`` measured (or would measure) weights this timeline
     no longer has: drop them, their open tasks, and the idempotency keys that would answer the

@@ -265,7 +265,7 @@ def main() -> int:
     runs = args.runs or (2 if args.quick else 5)
     steps = args.steps or (16 if args.quick else 30)
     faults = args.faults or (3 if args.quick else 6)
-    span = 1.2 * steps  # about the run's training time at ~1-1.5 s a step on 2 cores
+    span = 0.8 * steps  # within the training time (about 1-1.5 s a step on 2 cores)
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
         workdir = args.keep.resolve() if args.keep else Path(tmp)

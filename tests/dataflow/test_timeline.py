@@ -133,3 +133,16 @@ def test_a_batch_consumed_without_a_step_is_not_a_step(service):
         nxt = c.next_batch(policy="policy", num_groups=2, trainer_version=0).batch
         assert nxt.id != batch.id
         assert c.ack(nxt.id, trainer_version=1).detail == "step 1 of 'policy' recorded"
+
+
+def test_reannounced_version_keeps_its_evaluations_only_with_the_same_weights(service):
+    with SyncDataflowClient(service.url, TOKEN, retries=0) as c:
+        _announce(c, 0)
+        _announce(c, 1)
+        ev = c.request_evaluation(policy="policy", version=1, idempotency_key="eval-policy-v1")
+        _announce(c, 1)  # the same weights again (a trainer resumed from checkpoint-1)
+        assert ev.id in {e.id for e in c.evaluations()}
+        c.announce_version(
+            WeightVersion(policy="policy", version=1, location="/w", digest="other")
+        )
+        assert ev.id not in {e.id for e in c.evaluations()}
