@@ -60,20 +60,23 @@ SMALL = [
 
 @dataclass
 class Fault:
-    at_s: float  # after the first step record
+    at_step: int  # once this step is recorded...
+    delay_s: float  # ...and this long after it
     target: str  # dataflow | trainer-policy | node-0 | node-1
     kind: str  # kill | stop
     stop_s: float = 0.0
 
 
-def schedule(rng: random.Random, faults: int, span_s: float) -> list[Fault]:
-    """``faults`` faults spread over ``span_s`` seconds, in time order."""
+def schedule(rng: random.Random, faults: int, steps: int) -> list[Fault]:
+    """``faults`` faults at random moments of training (steps 1..steps-1), in order. Moments are
+    set by step, not by clock, so a fault lands during training however fast the machine is."""
     out = []
     for _ in range(faults):
         kind = "kill" if rng.random() < 0.7 else "stop"
         target = rng.choice(["dataflow", "trainer-policy", "node-0", "node-1"])
-        out.append(Fault(rng.uniform(0, span_s), target, kind, rng.uniform(2.0, 6.0)))
-    return sorted(out, key=lambda f: f.at_s)
+        at = rng.randint(1, max(1, steps - 1))
+        out.append(Fault(at, rng.uniform(0.0, 0.5), target, kind, rng.uniform(2.0, 6.0)))
+    return sorted(out, key=lambda f: (f.at_step, f.delay_s))
 
 
 @dataclass
@@ -113,17 +116,13 @@ def _pid(run_dir: Path, name: str) -> int | None:
 
 
 def _inject(run_dir: Path, faults: list[Fault], proc: subprocess.Popen, out: RunOutcome) -> None:
-    """Apply ``faults`` once training is under way; every stopped process is continued."""
-    while _steps_done(run_dir) < 1:
-        if proc.poll() is not None:
-            return
-        time.sleep(0.2)
-    t0 = time.monotonic()
+    """Apply each fault when its step is reached; every stopped process is continued."""
     for f in faults:
-        while time.monotonic() - t0 < f.at_s:
+        while _steps_done(run_dir) < f.at_step:
             if proc.poll() is not None:
                 return
-            time.sleep(0.1)
+            time.sleep(0.05)
+        time.sleep(f.delay_s)
         pid = _pid(run_dir, f.target)
         if pid is None:
             continue
@@ -202,9 +201,9 @@ def check_invariants(run_dir: Path, max_steps: int) -> tuple[int | None, list[st
     return final, bad
 
 
-def run_once(workdir: Path, seed: int, max_steps: int, faults: int, span_s: float) -> RunOutcome:
+def run_once(workdir: Path, seed: int, max_steps: int, faults: int) -> RunOutcome:
     rng = random.Random(seed)
-    plan = schedule(rng, faults, span_s)
+    plan = schedule(rng, faults, max_steps)
     out_dir = workdir / f"seed{seed}"
     sets = [*SMALL, f"run.max_steps={max_steps}", f"run.seed={seed}",
             f"run.output_dir={json.dumps(str(out_dir))}"]  # fmt: skip
@@ -265,14 +264,13 @@ def main() -> int:
     runs = args.runs or (2 if args.quick else 5)
     steps = args.steps or (16 if args.quick else 30)
     faults = args.faults or (3 if args.quick else 6)
-    span = 0.8 * steps  # within the training time (about 1-1.5 s a step on 2 cores)
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
         workdir = args.keep.resolve() if args.keep else Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         for i in range(runs):
             with console.status(f"chaos run {i + 1}/{runs} (seed {args.seed + i})…"):
-                o = run_once(workdir, args.seed + i, steps, faults, span)
+                o = run_once(workdir, args.seed + i, steps, faults)
             state = "[green]ok[/]" if not o.violations else "[red]violations[/]"
             console.print(f"{state} seed {o.seed}: {o.wall_s:.0f}s, {'; '.join(o.applied)}")
             for v in o.violations:
