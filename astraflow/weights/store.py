@@ -108,8 +108,11 @@ class WeightStore:
         return json.loads(path.read_text())
 
     def weight_version(self, policy: str, version: int) -> WeightVersion:
+        """The stored version as announced *now*: at this store's location (a restarted trainer
+        serves the same files from a new address)."""
         fields = WeightVersion.model_fields
-        return WeightVersion(**{k: v for k, v in self.meta(policy, version).items() if k in fields})
+        meta = {k: v for k, v in self.meta(policy, version).items() if k in fields}
+        return WeightVersion(**{**meta, "location": self.location})
 
     def latest(self, policy: str) -> WeightVersion | None:
         versions = self.versions(policy)

@@ -117,6 +117,7 @@ def _pid(run_dir: Path, name: str) -> int | None:
 
 def _inject(run_dir: Path, faults: list[Fault], proc: subprocess.Popen, out: RunOutcome) -> None:
     """Apply each fault when its step is reached; every stopped process is continued."""
+    timers: list[threading.Timer] = []
     for f in faults:
         while _steps_done(run_dir) < f.at_step:
             if proc.poll() is not None:
@@ -132,15 +133,24 @@ def _inject(run_dir: Path, faults: list[Fault], proc: subprocess.Popen, out: Run
                 out.applied.append(f"kill {f.target} at step {_steps_done(run_dir)}")
             else:
                 os.kill(pid, signal.SIGSTOP)
-                try:
-                    out.applied.append(
-                        f"stop {f.target} {f.stop_s:.1f}s at step {_steps_done(run_dir)}"
-                    )
-                    time.sleep(f.stop_s)
-                finally:
-                    os.kill(pid, signal.SIGCONT)
+                out.applied.append(
+                    f"stop {f.target} {f.stop_s:.1f}s at step {_steps_done(run_dir)}"
+                )
+                # continued from a timer, so the next fault is not held up meanwhile
+                timer = threading.Timer(f.stop_s, _continue, args=(pid,))
+                timer.start()
+                timers.append(timer)
         except ProcessLookupError:
             continue
+    for timer in timers:
+        timer.join()
+
+
+def _continue(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
 
 
 def check_invariants(run_dir: Path, max_steps: int) -> tuple[int | None, list[str]]:
@@ -219,10 +229,14 @@ def run_once(workdir: Path, seed: int, max_steps: int, faults: int) -> RunOutcom
     injector = threading.Thread(target=_inject, args=(run_dir, plan, proc, outcome), daemon=True)
     injector.start()
     try:
-        proc.wait(timeout=900)
+        proc.wait(timeout=240 + 10 * max_steps)  # a stuck run is a failed run
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        proc.send_signal(signal.SIGTERM)  # the launcher stops its services in order
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
     injector.join(timeout=30)
     log.close()
     outcome.returncode = proc.returncode

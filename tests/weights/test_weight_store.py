@@ -194,3 +194,11 @@ def test_meta_announces_digest_and_sizes(tmp_path):
 def test_unknown_source_is_a_clear_error(tmp_path):
     with pytest.raises(WeightStoreError, match="neither an http"):
         WeightClient(tmp_path / "missing")
+
+
+def test_a_restarted_trainer_announces_its_checkpoint_version_at_its_new_address(tmp_path):
+    states = _states(2)
+    WeightStore(tmp_path, location="http://127.0.0.1:1111").publish("solver", 1, states[1])
+    # the trainer restarts from checkpoint-1 behind a new weight server and publishes v1 again
+    again = WeightStore(tmp_path, location="http://127.0.0.1:2222").publish("solver", 1, states[1])
+    assert again.version == 1 and again.location == "http://127.0.0.1:2222"
