@@ -40,6 +40,7 @@ from astraflow.protocol.models import (
     WeightVersion,
     new_id,
 )
+from astraflow.protocol.weights import WeightCacheStats
 
 __all__ = [
     "JSON",
@@ -75,5 +76,6 @@ __all__ = [
     "Task",
     "Trajectory",
     "WeightVersion",
+    "WeightCacheStats",
     "new_id",
 ]

@@ -32,6 +32,8 @@ class NodeOptions:
     #: override the recipe's rollout.env_workers / rollout.env_timeout_s on this node
     env_workers: int | None = None
     env_timeout_s: float | None = None
+    #: fetch weights from this URL (a region's weight cache) instead of the announced locations
+    weight_cache: str | None = None
 
 
 #: Exit status of a node whose engine died (its leases are left to expire; see node.py).
@@ -127,6 +129,7 @@ async def _run(opts: NodeOptions, recipe: Recipe | None) -> int:
         weight_clients: dict[str, Any] = {}
 
         def fetch(policy: str, location: str, have: int | None, want: int):
+            location = opts.weight_cache or location
             wc = weight_clients.get(location)
             if wc is None:
                 wc = weight_clients[location] = WeightClient(location, opts.token)

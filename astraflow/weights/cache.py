@@ -1,0 +1,275 @@
+"""A region-local weight cache: the first node that asks for a file fetches it, the others share it.
+
+Nodes in a remote region all need every weight version, and the link to the trainer's weight server
+is the slow, lossy part of the path. ``astraflow serve weight-cache --upstream URL`` runs this cache
+inside the region; nodes started with ``--weight-cache URL`` fetch from it instead of from the
+location the trainer announces. The cache serves the weight server's own routes (so the node's
+:class:`~astraflow.weights.client.WeightClient` is unchanged):
+
+* ``GET /weights/{policy}/latest``, ``/versions`` and ``/{version}/meta`` are relayed upstream on
+  every request (a few hundred bytes; a trainer resuming from an older checkpoint republishes
+  versions with new contents, so metadata is never served stale);
+* ``GET /weights/{policy}/{version}/full|delta`` is served from disk, the file being named by its
+  sha256 as the upstream meta announces it (content-addressed: a republished version is a different
+  file). A missing file is downloaded once, with the client's resume-on-cut, and verified against
+  its length and sha256 before anyone is served; requests that arrive meanwhile wait for that one
+  download (``coalesced``). So about one copy of each file crosses the slow link, whatever the
+  number of nodes in the region.
+
+Every route except ``GET /healthz`` needs the run token (``Authorization: Bearer``), which the cache
+also presents upstream. Files are plain bytes (safetensors / sparse deltas); nothing is unpickled.
+``GET /cache/stats`` reports :class:`~astraflow.protocol.WeightCacheStats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import re
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+
+from astraflow.protocol import WeightCacheStats
+from astraflow.weights.client import WeightClient, WeightTransferError
+from astraflow.weights.server import (
+    DIGEST_HEADER,
+    PARENT_HEADER,
+    SHA256_HEADER,
+    WeightFileResponse,
+)
+from astraflow.weights.store import WeightStoreError, check_policy
+
+log = logging.getLogger("astraflow.weights.cache")
+
+_SHA_RE = re.compile(r"^sha256:([0-9a-f]{64})$")
+
+
+def parse_upstreams(values: list[str]) -> dict[str, str]:
+    """``--upstream`` values: ``URL`` (every policy) or ``POLICY=URL`` (one policy's trainer)."""
+    out: dict[str, str] = {}
+    for value in values:
+        policy, sep, url = value.partition("=")
+        if not sep or "://" in policy:
+            policy, url = "*", value
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"--upstream {value!r}: expected URL or POLICY=URL with an http(s) URL")
+        if policy != "*":
+            check_policy(policy)
+        if policy in out:
+            raise ValueError(f"--upstream names {policy!r} twice")
+        out[policy] = url.rstrip("/")
+    if not out:
+        raise ValueError("a weight cache needs at least one --upstream")
+    return out
+
+
+class WeightCache:
+    """Content-addressed file cache in front of one or more weight servers."""
+
+    def __init__(
+        self,
+        upstreams: dict[str, str],
+        token: str,
+        root: str | Path | None = None,
+        *,
+        keep_files: int = 32,
+        timeout: float = 60.0,
+        retries: int = 4,
+    ):
+        if not token:
+            raise ValueError("a weight cache needs the run token")
+        self.upstreams = dict(upstreams)
+        self.token = token
+        self._own_root = root is None
+        self.root = Path(root or tempfile.mkdtemp(prefix="astraflow-weight-cache-"))
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.keep_files = max(2, keep_files)
+        self._clients = {
+            url: WeightClient(url, token, timeout=timeout, retries=retries)
+            for url in set(self.upstreams.values())
+        }
+        self._inflight: dict[str, asyncio.Future] = {}
+        self._lock = threading.Lock()
+        self.stats = WeightCacheStats(upstreams=dict(self.upstreams))
+
+    def close(self) -> None:
+        for c in self._clients.values():
+            c.close()
+        if self._own_root:
+            import shutil
+
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    # ----------------------------------------------------------------- upstream
+    def client_for(self, policy: str) -> WeightClient:
+        url = self.upstreams.get(policy) or self.upstreams.get("*")
+        if url is None:
+            raise HTTPException(
+                status_code=404, detail=f"this weight cache has no upstream for policy {policy!r}"
+            )
+        return self._clients[url]
+
+    async def relay_json(self, policy: str, path: str) -> Any:
+        """GET ``path`` from the policy's upstream; 404 stays 404, anything else broken is 502."""
+        client = self.client_for(policy)
+        self.stats.meta_requests += 1
+        try:
+            resp = await asyncio.to_thread(client._request, path)
+        except WeightTransferError as exc:
+            self.stats.upstream_errors += 1
+            raise HTTPException(status_code=502, detail=f"upstream: {exc}") from exc
+        if resp.status_code == 404:
+            raise HTTPException(status_code=404, detail=_detail(resp))
+        return resp.json()
+
+    # ----------------------------------------------------------------- files
+    async def file(self, policy: str, version: int, kind: str) -> tuple[Path, dict[str, Any]]:
+        """The verified local copy of ``kind`` ('full' or 'delta') of the version, and its meta."""
+        meta = await self.relay_json(policy, f"/weights/{policy}/{version}/meta")
+        sha, size = meta.get(f"{kind}_sha256"), meta.get(f"{kind}_bytes")
+        if not sha:
+            raise HTTPException(
+                status_code=404, detail=f"version {version} of {policy!r} has no {kind}"
+            )
+        named = _SHA_RE.match(sha) if isinstance(sha, str) else None
+        if named is None or not isinstance(size, int) or size < 0:
+            raise HTTPException(status_code=502, detail=f"upstream meta of v{version} is malformed")
+        path = self.root / f"{named.group(1)}.bin"
+        if path.is_file():
+            self.stats.hits += 1
+            try:
+                os.utime(path)  # recently used: evicted last
+            except OSError:
+                pass
+            return path, meta
+        pending = self._inflight.get(sha)
+        if pending is not None:
+            self.stats.coalesced += 1
+            await asyncio.shield(pending)
+            return path, meta
+        fut = asyncio.get_running_loop().create_future()
+        self._inflight[sha] = fut
+        try:
+            await asyncio.to_thread(self._download, policy, version, kind, size, sha, path)
+            fut.set_result(path)
+        except BaseException as exc:
+            fut.set_exception(exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
+            fut.exception()  # retrieved: waiters re-raise it, nobody else must
+            if isinstance(exc, WeightTransferError):
+                self.stats.upstream_errors += 1
+                raise HTTPException(status_code=502, detail=f"upstream: {exc}") from exc
+            raise
+        finally:
+            self._inflight.pop(sha, None)
+        return path, meta
+
+    def _download(
+        self, policy: str, version: int, kind: str, size: int, sha: str, path: Path
+    ) -> None:
+        data = self.client_for(policy)._fetch_file(policy, version, kind, size, sha)  # verified
+        tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        with self._lock:
+            self.stats.files_fetched += 1
+            self.stats.bytes_fetched += size
+        log.info("fetched %s of %s v%d from upstream (%d bytes)", kind, policy, version, size)
+        self._evict()
+
+    def _evict(self, min_age_s: float = 60.0) -> None:
+        """Keep the ``keep_files`` most recently used files; a file used in the last ``min_age_s``
+        stays (a request may be about to send it; one already sending keeps its open file)."""
+        import time
+
+        with self._lock:
+            stamped = []
+            for f in self.root.glob("*.bin"):
+                try:
+                    stamped.append((f.stat().st_mtime, f))
+                except OSError:
+                    continue
+            stamped.sort()
+            now = time.time()
+            for mtime, old in stamped[: max(0, len(stamped) - self.keep_files)]:
+                if now - mtime > min_age_s:
+                    old.unlink(missing_ok=True)
+
+    def snapshot(self) -> WeightCacheStats:
+        files = list(self.root.glob("*.bin"))
+        self.stats.cached_files = len(files)
+        self.stats.cached_bytes = sum(f.stat().st_size for f in files if f.exists())
+        return self.stats.model_copy()
+
+
+def _detail(resp) -> str:
+    try:
+        return str(resp.json().get("detail", resp.text))
+    except ValueError:
+        return resp.text[:200]
+
+
+def create_cache_app(cache: WeightCache) -> FastAPI:
+    """FastAPI app serving ``cache`` with the weight server's routes (see the module docstring)."""
+    app = FastAPI(title="AstraFlow weight cache", docs_url=None, redoc_url=None)
+    token = cache.token
+
+    def require_token(request: Request) -> None:
+        header = request.headers.get("authorization", "")
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
+            raise HTTPException(
+                status_code=401,
+                detail="missing or wrong bearer token (send 'Authorization: Bearer <run token>')",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    def valid_policy(policy: str) -> str:
+        try:
+            return check_policy(policy)
+        except WeightStoreError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from exc
+
+    @app.get("/healthz")
+    def healthz() -> dict:
+        return {"ok": True, "cache": True}
+
+    @app.get("/cache/stats", dependencies=[Depends(require_token)])
+    def stats() -> WeightCacheStats:
+        return cache.snapshot()
+
+    @app.get("/weights/{policy}/latest", dependencies=[Depends(require_token)])
+    async def latest(policy: str) -> dict:
+        return await cache.relay_json(policy, f"/weights/{valid_policy(policy)}/latest")
+
+    @app.get("/weights/{policy}/versions", dependencies=[Depends(require_token)])
+    async def versions(policy: str) -> dict:
+        return await cache.relay_json(policy, f"/weights/{valid_policy(policy)}/versions")
+
+    @app.get("/weights/{policy}/{version}/meta", dependencies=[Depends(require_token)])
+    async def meta(policy: str, version: int) -> dict:
+        return await cache.relay_json(policy, f"/weights/{valid_policy(policy)}/{version}/meta")
+
+    async def send(policy: str, version: int, kind: str) -> WeightFileResponse:
+        path, m = await cache.file(valid_policy(policy), version, kind)
+        headers = {DIGEST_HEADER: m["digest"], SHA256_HEADER: m[f"{kind}_sha256"]}
+        if kind == "delta":
+            headers[PARENT_HEADER] = str(m.get("parent"))
+        cache.stats.files_served += 1
+        cache.stats.bytes_served += int(m[f"{kind}_bytes"])
+        return WeightFileResponse(path, media_type="application/octet-stream", headers=headers)
+
+    @app.get("/weights/{policy}/{version}/full", dependencies=[Depends(require_token)])
+    async def full(policy: str, version: int) -> WeightFileResponse:
+        return await send(policy, version, "full")
+
+    @app.get("/weights/{policy}/{version}/delta", dependencies=[Depends(require_token)])
+    async def delta(policy: str, version: int) -> WeightFileResponse:
+        return await send(policy, version, "delta")
+
+    return app
