@@ -22,6 +22,12 @@ class WeightCacheStats(WireModel):
     )
     files_fetched: int = Field(default=0, description="Files downloaded from upstream (misses)")
     bytes_fetched: int = Field(default=0, description="Bytes of the files downloaded upstream")
+    files_rebuilt: int = Field(
+        default=0, description="Snapshots rebuilt here from a cached state and deltas"
+    )
+    rebuild_mismatches: int = Field(
+        default=0, description="Rebuilt snapshots whose sha256 differed (downloaded instead)"
+    )
     hits: int = Field(default=0, description="File requests answered from the cache")
     coalesced: int = Field(
         default=0, description="Requests that waited for a download already under way"

@@ -13,8 +13,17 @@ location the trainer announces. The cache serves the weight server's own routes 
   sha256 as the upstream meta announces it (content-addressed: a republished version is a different
   file). A missing file is downloaded once, with the client's resume-on-cut, and verified against
   its length and sha256 before anyone is served; requests that arrive meanwhile wait for that one
-  download (``coalesced``). So about one copy of each file crosses the slow link, whatever the
-  number of nodes in the region.
+  download (``coalesced``).
+* A missing *snapshot* is first rebuilt locally when it can be: the cache keeps the newest full
+  state it has seen per policy (the first snapshot it downloaded) and applies the versions' deltas
+  (each downloaded once, or already cached) to it, then writes the snapshot exactly as the trainer
+  does (:func:`~astraflow.weights.store.snapshot_bytes`) and serves it only if its sha256 is the
+  one the trainer announced (else it downloads the snapshot). Nodes of a region ask for different
+  files (one up to date wants the delta, one that fell behind or just joined wants the snapshot),
+  so without this both crossed the link for the same version.
+
+So after the first snapshot only deltas cross the slow link, about one per version, whatever the
+number of nodes in the region and whatever files they ask for.
 
 Every route except ``GET /healthz`` needs the run token (``Authorization: Bearer``), which the cache
 also presents upstream. Files are plain bytes (safetensors / sparse deltas); nothing is unpickled.
@@ -37,13 +46,14 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 
 from astraflow.protocol import WeightCacheStats
 from astraflow.weights.client import WeightClient, WeightTransferError
+from astraflow.weights.digest import bytes_digest
 from astraflow.weights.server import (
     DIGEST_HEADER,
     PARENT_HEADER,
     SHA256_HEADER,
     WeightFileResponse,
 )
-from astraflow.weights.store import WeightStoreError, check_policy
+from astraflow.weights.store import WeightStoreError, check_policy, snapshot_bytes
 
 log = logging.getLogger("astraflow.weights.cache")
 
@@ -58,7 +68,9 @@ def parse_upstreams(values: list[str]) -> dict[str, str]:
         if not sep or "://" in policy:
             policy, url = "*", value
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"--upstream {value!r}: expected URL or POLICY=URL with an http(s) URL")
+            raise ValueError(
+                f"--upstream {value!r}: expected URL or POLICY=URL with an http(s) URL"
+            )
         if policy != "*":
             check_policy(policy)
         if policy in out:
@@ -69,8 +81,19 @@ def parse_upstreams(values: list[str]) -> dict[str, str]:
     return out
 
 
+class _Base:
+    """The newest full state the cache holds for one policy (snapshots are rebuilt from it)."""
+
+    def __init__(self, version: int, digest: str, state: dict[str, Any]):
+        self.version, self.digest, self.state = version, digest, state
+
+
 class WeightCache:
     """Content-addressed file cache in front of one or more weight servers."""
+
+    #: Most deltas applied to rebuild one snapshot (they are read from the cache's disk, or
+    #: downloaded once each); beyond that the snapshot is downloaded.
+    max_rebuild_chain = 16
 
     def __init__(
         self,
@@ -96,6 +119,8 @@ class WeightCache:
         }
         self._inflight: dict[str, asyncio.Future] = {}
         self._lock = threading.Lock()
+        self._bases: dict[str, _Base] = {}
+        self._base_lock = threading.Lock()
         self.stats = WeightCacheStats(upstreams=dict(self.upstreams))
 
     def close(self) -> None:
@@ -129,9 +154,12 @@ class WeightCache:
         return resp.json()
 
     # ----------------------------------------------------------------- files
-    async def file(self, policy: str, version: int, kind: str) -> tuple[Path, dict[str, Any]]:
+    async def file(
+        self, policy: str, version: int, kind: str, meta: dict[str, Any] | None = None
+    ) -> tuple[Path, dict[str, Any]]:
         """The verified local copy of ``kind`` ('full' or 'delta') of the version, and its meta."""
-        meta = await self.relay_json(policy, f"/weights/{policy}/{version}/meta")
+        if meta is None:
+            meta = await self.relay_json(policy, f"/weights/{policy}/{version}/meta")
         sha, size = meta.get(f"{kind}_sha256"), meta.get(f"{kind}_bytes")
         if not sha:
             raise HTTPException(
@@ -156,7 +184,9 @@ class WeightCache:
         fut = asyncio.get_running_loop().create_future()
         self._inflight[sha] = fut
         try:
-            await asyncio.to_thread(self._download, policy, version, kind, size, sha, path)
+            built = kind == "full" and await self._rebuild(policy, version, meta, path)
+            if not built:
+                await asyncio.to_thread(self._download, policy, version, kind, size, sha, path)
             fut.set_result(path)
         except BaseException as exc:
             fut.set_exception(exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
@@ -173,14 +203,93 @@ class WeightCache:
         self, policy: str, version: int, kind: str, size: int, sha: str, path: Path
     ) -> None:
         data = self.client_for(policy)._fetch_file(policy, version, kind, size, sha)  # verified
-        tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        self._store_file(path, data)
         with self._lock:
             self.stats.files_fetched += 1
             self.stats.bytes_fetched += size
         log.info("fetched %s of %s v%d from upstream (%d bytes)", kind, policy, version, size)
+        if kind == "full":
+            self._adopt(policy, version, data)
         self._evict()
+
+    def _store_file(self, path: Path, data: bytes) -> None:
+        tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+    # ----------------------------------------------------------------- rebuilt snapshots
+    def _adopt(self, policy: str, version: int, data: bytes) -> None:
+        """A downloaded snapshot newer than the base becomes the base."""
+        from safetensors.torch import load
+
+        from astraflow.weights.digest import state_digest
+
+        with self._base_lock:
+            base = self._bases.get(policy)
+            if base is not None and base.version >= version:
+                return
+            state = load(data)
+            self._bases[policy] = _Base(version, state_digest(state), state)
+
+    async def _rebuild(self, policy: str, version: int, meta: dict[str, Any], path: Path) -> bool:
+        """Write the snapshot of ``version`` from the base and the deltas after it; False when it
+        cannot be done (no base, a gap, a chain too long, a mismatch): download it then."""
+        base = self._bases.get(policy)
+        if base is None or not 0 < version - base.version <= self.max_rebuild_chain:
+            return False
+        try:
+            for v in range(base.version + 1, version + 1):
+                m = meta if v == version else await self.relay_json(
+                    policy, f"/weights/{policy}/{v}/meta"
+                )  # fmt: skip
+                if m.get("parent") != v - 1 or not m.get("delta_sha256"):
+                    return False
+                delta_path, _ = await self.file(policy, v, "delta", m)
+                if not await asyncio.to_thread(self._advance, policy, v, delta_path):
+                    return False
+            return await asyncio.to_thread(self._write_rebuilt, policy, version, meta, path)
+        except HTTPException:
+            return False
+
+    def _advance(self, policy: str, version: int, delta_path: Path) -> bool:
+        """Apply the delta of ``version`` to the base if the base is its parent."""
+        from astraflow.weights.delta import DeltaError, SparseDelta
+
+        with self._base_lock:
+            base = self._bases.get(policy)
+            if base is None:
+                return False
+            if base.version >= version:
+                return base.version == version
+            if base.version != version - 1:
+                return False
+            try:
+                delta = SparseDelta.from_bytes(delta_path.read_bytes())
+                delta.apply_(base.state, parent_digest=base.digest)
+            except (OSError, DeltaError) as exc:
+                log.warning("cannot rebuild %s v%d from its delta (%s)", policy, version, exc)
+                del self._bases[policy]  # possibly half applied: start again from a download
+                return False
+            base.version, base.digest = version, delta.digest
+            return True
+
+    def _write_rebuilt(self, policy: str, version: int, meta: dict[str, Any], path: Path) -> bool:
+        with self._base_lock:
+            base = self._bases.get(policy)
+            if base is None or base.version != version or base.digest != meta.get("digest"):
+                return False
+            data = snapshot_bytes(base.state, base.digest, version)
+        if len(data) != meta.get("full_bytes") or bytes_digest(data) != meta.get("full_sha256"):
+            with self._lock:
+                self.stats.rebuild_mismatches += 1
+            log.warning("rebuilt snapshot of %s v%d differs from the trainer's", policy, version)
+            return False
+        self._store_file(path, data)
+        with self._lock:
+            self.stats.files_rebuilt += 1
+        log.info("rebuilt the snapshot of %s v%d from deltas", policy, version)
+        self._evict()
+        return True
 
     def _evict(self, min_age_s: float = 60.0) -> None:
         """Keep the ``keep_files`` most recently used files; a file used in the last ``min_age_s``

@@ -126,3 +126,56 @@ def test_parse_upstreams():
     for bad in ([], ["ftp://x"], ["p=http://a", "p=http://b"], ["bad name=http://a"]):
         with pytest.raises(ValueError):
             parse_upstreams(bad)
+
+
+def test_a_snapshot_is_rebuilt_from_cached_deltas_not_downloaded(tmp_path):
+    """Nodes of a region ask for different files: one up to date wants v -> v+1's delta, one that
+    joined late wants the snapshot. After its first snapshot the cache downloads only deltas and
+    rebuilds the snapshots from them (byte for byte the trainer's file, checked by sha256)."""
+    store = WeightStore(tmp_path / "store")
+    states = _states(5, seed=4)
+    for v, s in enumerate(states):
+        store.publish("p", v, s)
+    up_url, stop_up = serve_in_thread(create_weight_app(store, TOKEN))
+    cache = WeightCache({"*": up_url}, TOKEN, tmp_path / "cache")
+    url, stop = serve_in_thread(create_cache_app(cache))
+    try:
+        with WeightClient(url, TOKEN) as early, WeightClient(url, TOKEN) as late:
+            held = early.fetch_full("p", 1)  # the first snapshot: downloaded
+            digest = state_digest(held)
+            for v in (2, 3, 4):  # an up-to-date node follows by delta
+                upd = early.fetch_update("p", v - 1, digest, want_version=v)
+                assert upd.delta is not None
+                upd.delta.apply_(held)
+                digest = upd.digest
+            assert cache.snapshot().files_fetched == 4
+            # a node joining now asks for the snapshot of v4: rebuilt here, nothing downloaded
+            full = late.fetch_full("p", 4)
+            assert state_digest(full) == state_digest(states[4]) == digest
+        stats = cache.snapshot()
+        assert stats.files_fetched == 4 and stats.files_rebuilt == 1
+        assert stats.rebuild_mismatches == 0
+    finally:
+        stop()
+        cache.close()
+        stop_up()
+
+
+def test_snapshot_files_are_the_same_bytes_in_every_process(tmp_path):
+    """The cache's rebuilt snapshot must hash like the trainer's: one metadata key (safetensors
+    writes several in an order that differs between processes)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, hashlib; from astraflow.weights.store import snapshot_bytes; "
+        "s = {n: torch.ones(3, dtype=d) for n, d in (('b', torch.float32), ('a', torch.bfloat16),"
+        " ('c', torch.int64))}; print(hashlib.sha256(snapshot_bytes(s, 'sha256:x', 7)).hexdigest())"
+    )
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for _ in range(3)
+    }
+    assert len(digests) == 1
