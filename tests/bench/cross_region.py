@@ -635,6 +635,8 @@ def main() -> None:
         if args.json:
             H.write_json(args.json, {"benchmark": "cross_region", "skipped": reason})
         return
+    # SIGTERM unwinds like Ctrl-C, so namespaces, routes and processes are removed (finally blocks)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     link = N.LinkSpec(rtt_ms=args.rtt_ms, rate_mbit=args.rate_mbit, loss=args.loss, seed=args.seed)
     with H.bench_workdir(args.workdir, "cross-region-") as wd:
         with H.console.status("running the cross-region scenario…"):
