@@ -260,7 +260,7 @@ class WeightCache:
             if base is None:
                 return False
             if base.version >= version:
-                return base.version == version
+                return True  # another request already carried the base past it
             if base.version != version - 1:
                 return False
             try:

@@ -76,7 +76,7 @@ class Plan:
     cache: bool = True
 
 
-QUICK = Plan(max_steps=50, partition_s=12.0, phase_versions=4, probe_versions=2, leave_after_s=6.0)
+QUICK = Plan(max_steps=55, partition_s=12.0, phase_versions=6, probe_versions=2, leave_after_s=6.0)
 FULL = Plan(max_steps=160, partition_s=30.0, phase_versions=10, probe_versions=5,
             leave_after_s=20.0, timeout_s=2400.0)  # fmt: skip
 
