@@ -39,6 +39,7 @@ import os
 import re
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -102,9 +103,12 @@ class WeightCache:
         root: str | Path | None = None,
         *,
         keep_files: int = 32,
-        timeout: float = 60.0,
+        timeout: float = 30.0,
+        connect_timeout: float = 10.0,
         retries: int = 4,
     ):
+        import httpx
+
         if not token:
             raise ValueError("a weight cache needs the run token")
         self.upstreams = dict(upstreams)
@@ -113,10 +117,16 @@ class WeightCache:
         self.root = Path(root or tempfile.mkdtemp(prefix="astraflow-weight-cache-"))
         self.root.mkdir(parents=True, exist_ok=True)
         self.keep_files = max(2, keep_files)
+        # A stalled upstream (a partitioned link) must not hold the cache: bounded timeouts, and
+        # downloads in a pool of their own (asyncio's default pool is a few threads, which stuck
+        # transfers once filled, freezing every request of the region).
+        self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
         self._clients = {
-            url: WeightClient(url, token, timeout=timeout, retries=retries)
+            url: WeightClient(url, token, timeout=self._timeout, retries=retries)
             for url in set(self.upstreams.values())
         }
+        self._meta_clients: dict[str, Any] = {}
+        self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="weight-cache")
         self._inflight: dict[str, asyncio.Future] = {}
         self._lock = threading.Lock()
         self._bases: dict[str, _Base] = {}
@@ -126,31 +136,61 @@ class WeightCache:
     def close(self) -> None:
         for c in self._clients.values():
             c.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        for c in self._meta_clients.values():
+            try:
+                asyncio.run(c.aclose())
+            except Exception:  # noqa: BLE001 - closing at exit: nothing left to do on failure
+                pass
         if self._own_root:
             import shutil
 
             shutil.rmtree(self.root, ignore_errors=True)
 
     # ----------------------------------------------------------------- upstream
-    def client_for(self, policy: str) -> WeightClient:
+    def upstream_for(self, policy: str) -> str:
         url = self.upstreams.get(policy) or self.upstreams.get("*")
         if url is None:
             raise HTTPException(
                 status_code=404, detail=f"this weight cache has no upstream for policy {policy!r}"
             )
-        return self._clients[url]
+        return url
 
-    async def relay_json(self, policy: str, path: str) -> Any:
-        """GET ``path`` from the policy's upstream; 404 stays 404, anything else broken is 502."""
-        client = self.client_for(policy)
+    def client_for(self, policy: str) -> WeightClient:
+        return self._clients[self.upstream_for(policy)]
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def relay_json(self, policy: str, path: str, retries: int = 1) -> Any:
+        """GET ``path`` from the policy's upstream; 404 stays 404, anything else broken is 502
+        (the node's client retries a 502; the cache does not hold a request for long)."""
+        import httpx
+
+        url = self.upstream_for(policy)
+        client = self._meta_clients.get(url)
+        if client is None:
+            client = self._meta_clients[url] = httpx.AsyncClient(
+                base_url=url, headers={"Authorization": f"Bearer {self.token}"},
+                timeout=self._timeout,
+            )  # fmt: skip
         self.stats.meta_requests += 1
-        try:
-            resp = await asyncio.to_thread(client._request, path)
-        except WeightTransferError as exc:
-            self.stats.upstream_errors += 1
-            raise HTTPException(status_code=502, detail=f"upstream: {exc}") from exc
+        for attempt in range(retries + 1):
+            try:
+                resp = await client.get(path)
+                break
+            except httpx.TransportError as exc:
+                if attempt == retries:
+                    self.stats.upstream_errors += 1
+                    raise HTTPException(status_code=502, detail=f"upstream: {exc!r}") from exc
+                await asyncio.sleep(0.5)
         if resp.status_code == 404:
             raise HTTPException(status_code=404, detail=_detail(resp))
+        if resp.status_code != 200:
+            self.stats.upstream_errors += 1
+            raise HTTPException(
+                status_code=502, detail=f"upstream answered {resp.status_code}: {_detail(resp)}"
+            )
         return resp.json()
 
     # ----------------------------------------------------------------- files
@@ -176,28 +216,31 @@ class WeightCache:
             except OSError:
                 pass
             return path, meta
-        pending = self._inflight.get(sha)
-        if pending is not None:
+        task = self._inflight.get(sha)
+        if task is None:
+            # The transfer is a task of its own: a node giving up on its request (a timeout, a
+            # disconnect) must not cancel a download that other nodes wait for, or start another.
+            task = asyncio.ensure_future(self._fetch(policy, version, kind, meta, path))
+            self._inflight[sha] = task
+            task.add_done_callback(lambda t, sha=sha: self._settled(sha, t))
+        else:
             self.stats.coalesced += 1
-            await asyncio.shield(pending)
-            return path, meta
-        fut = asyncio.get_running_loop().create_future()
-        self._inflight[sha] = fut
         try:
-            built = kind == "full" and await self._rebuild(policy, version, meta, path)
-            if not built:
-                await asyncio.to_thread(self._download, policy, version, kind, size, sha, path)
-            fut.set_result(path)
-        except BaseException as exc:
-            fut.set_exception(exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
-            fut.exception()  # retrieved: waiters re-raise it, nobody else must
-            if isinstance(exc, WeightTransferError):
-                self.stats.upstream_errors += 1
-                raise HTTPException(status_code=502, detail=f"upstream: {exc}") from exc
-            raise
-        finally:
-            self._inflight.pop(sha, None)
+            await asyncio.shield(task)
+        except WeightTransferError as exc:
+            raise HTTPException(status_code=502, detail=f"upstream: {exc}") from exc
         return path, meta
+
+    def _settled(self, sha: str, task: asyncio.Future) -> None:
+        self._inflight.pop(sha, None)
+        if not task.cancelled() and isinstance(task.exception(), WeightTransferError):
+            self.stats.upstream_errors += 1
+
+    async def _fetch(self, policy: str, version: int, kind: str, meta: dict, path: Path) -> None:
+        if kind == "full" and await self._rebuild(policy, version, meta, path):
+            return
+        size, sha = meta[f"{kind}_bytes"], meta[f"{kind}_sha256"]
+        await self._run(self._download, policy, version, kind, size, sha, path)
 
     def _download(
         self, policy: str, version: int, kind: str, size: int, sha: str, path: Path
@@ -245,9 +288,9 @@ class WeightCache:
                 if m.get("parent") != v - 1 or not m.get("delta_sha256"):
                     return False
                 delta_path, _ = await self.file(policy, v, "delta", m)
-                if not await asyncio.to_thread(self._advance, policy, v, delta_path):
+                if not await self._run(self._advance, policy, v, delta_path):
                     return False
-            return await asyncio.to_thread(self._write_rebuilt, policy, version, meta, path)
+            return await self._run(self._write_rebuilt, policy, version, meta, path)
         except HTTPException:
             return False
 
