@@ -14,9 +14,9 @@ location the trainer announces. The cache serves the weight server's own routes 
   file). A missing file is downloaded once, with the client's resume-on-cut, and verified against
   its length and sha256 before anyone is served; requests that arrive meanwhile wait for that one
   download (``coalesced``).
-* A missing *snapshot* is first rebuilt locally when it can be: the cache keeps the newest full
-  state it has seen per policy (the first snapshot it downloaded) and applies the versions' deltas
-  (each downloaded once, or already cached) to it, then writes the snapshot exactly as the trainer
+* A missing *snapshot* is first rebuilt locally when it can be and the deltas still to download
+  weigh less than the snapshot: the cache keeps the newest full state it has seen per policy (the
+  first snapshot it downloaded) and applies the versions' deltas (cached, or downloaded once) to it, then writes the snapshot exactly as the trainer
   does (:func:`~astraflow.weights.store.snapshot_bytes`) and serves it only if its sha256 is the
   one the trainer announced (else it downloads the snapshot). Nodes of a region ask for different
   files (one up to date wants the delta, one that fell behind or just joined wants the snapshot),
@@ -231,6 +231,10 @@ class WeightCache:
             raise HTTPException(status_code=502, detail=f"upstream: {exc}") from exc
         return path, meta
 
+    def _cached(self, sha: str) -> bool:
+        named = _SHA_RE.match(sha) if isinstance(sha, str) else None
+        return named is not None and (self.root / f"{named.group(1)}.bin").is_file()
+
     def _settled(self, sha: str, task: asyncio.Future) -> None:
         self._inflight.pop(sha, None)
         if not task.cancelled() and isinstance(task.exception(), WeightTransferError):
@@ -281,12 +285,23 @@ class WeightCache:
         if base is None or not 0 < version - base.version <= self.max_rebuild_chain:
             return False
         try:
+            chain = []
             for v in range(base.version + 1, version + 1):
                 m = meta if v == version else await self.relay_json(
                     policy, f"/weights/{policy}/{v}/meta"
                 )  # fmt: skip
                 if m.get("parent") != v - 1 or not m.get("delta_sha256"):
                     return False
+                chain.append((v, m))
+            # only worth it when the deltas still to download weigh less than the snapshot
+            # (a large-step or fp32 delta is about as big as the snapshot itself)
+            missing = sum(
+                int(m["delta_bytes"]) for _, m in chain
+                if not self._cached(m["delta_sha256"]) and m["delta_sha256"] not in self._inflight
+            )  # fmt: skip
+            if missing >= int(meta["full_bytes"]):
+                return False
+            for v, m in chain:
                 delta_path, _ = await self.file(policy, v, "delta", m)
                 if not await self._run(self._advance, policy, v, delta_path):
                     return False

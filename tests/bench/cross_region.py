@@ -267,8 +267,11 @@ def run_scenario(plan: Plan, wd: Path, link: N.LinkSpec) -> dict[str, Any]:
                 events[f"{name}_started"] = time.time()
 
             def synced(name: str, at_least: int):
+                """The node caught up: it holds ``at_least`` and is within a version of the
+                latest (a phase's bytes must not include its initial catch-up)."""
                 n = run.node(name)
-                return n is not None and int(n["versions"].get(POLICY, 0)) >= at_least
+                held = int((n or {}).get("versions", {}).get(POLICY, -1))
+                return n is not None and held >= max(at_least, run.version() - 1)
 
             # 1. the probe, over the otherwise idle link
             first = run.until("a few trained versions", lambda: run.version() >= 3, 300)

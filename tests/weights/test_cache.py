@@ -179,3 +179,14 @@ def test_snapshot_files_are_the_same_bytes_in_every_process(tmp_path):
         for _ in range(3)
     }
     assert len(digests) == 1
+
+
+def test_a_snapshot_is_downloaded_when_its_missing_deltas_weigh_more(region):
+    """Rebuilding pays only if the deltas still to download are smaller than the snapshot (here
+    every element changes each version, so each delta is about a snapshot)."""
+    url, cache, _, states, _ = region
+    with WeightClient(url, TOKEN) as client:
+        client.fetch_full("p", 0)  # the base
+        assert state_digest(client.fetch_full("p", 2)) == state_digest(states[2])
+    stats = cache.snapshot()
+    assert stats.files_fetched == 2 and stats.files_rebuilt == 0
