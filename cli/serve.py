@@ -162,6 +162,12 @@ def rollout(
         help="Restarting a crashed node of this --name: its leases go back to the queue now",
     ),
     region: str = typer.Option(None, "--region", help="Region label shown in status"),
+    weight_cache: str = typer.Option(
+        None,
+        "--weight-cache",
+        help="Fetch weights from this URL (a region's `astraflow serve weight-cache`, or any weight "
+        "server reachable from here) instead of the location each trainer announces",
+    ),
     threads: int = typer.Option(1, "--threads", min=1, help="torch threads for this process"),
     drain_timeout: float = typer.Option(
         60.0,
@@ -203,7 +209,8 @@ def rollout(
                        region=region,
                        torch_threads=threads, drain_timeout_s=drain_timeout,
                        env_workers=env_workers, env_timeout_s=env_timeout,
-                       ca_file=str(ca) if ca else None)  # fmt: skip
+                       ca_file=str(ca) if ca else None,
+                       weight_cache=weight_cache)  # fmt: skip
     try:
         code = run_node(opts, spec)
     except AuthError:
@@ -273,3 +280,53 @@ def trainer(
                       ca_file=str(ca) if ca else None)  # fmt: skip
     except (ValueError, DataflowClientError) as exc:
         fail(str(exc))
+
+
+@app.command("weight-cache")
+def weight_cache(
+    upstream: list[str] = typer.Option(
+        ...,
+        "--upstream",
+        help="Trainer weight server as seen from here: URL (every policy) or POLICY=URL; repeat "
+        "for several trainers",
+    ),
+    token: str = typer.Option(None, "--token", envvar="ASTRAFLOW_TOKEN", help="Run token"),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (nodes of the region)"),
+    port: int = typer.Option(0, "--port", help="Port; 0 picks a free one"),
+    cache_dir: Path = typer.Option(
+        None, "--dir", help="Where cached files go (default: a temporary folder, removed on exit)"
+    ),
+    keep: int = typer.Option(32, "--keep", min=2, help="Files kept (snapshots and deltas)"),
+    port_file: Path = typer.Option(
+        None, "--port-file", help="Write http://host:port here once listening"
+    ),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Region-local weight cache: one download per file from the trainer, shared by the region's
+    nodes (start them with --weight-cache URL)."""
+    import logging
+
+    from cli.common import console, fail
+
+    if not token:
+        fail("no run token: pass --token or set ASTRAFLOW_TOKEN")
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from astraflow.dataflow.server import run
+    from astraflow.weights.cache import WeightCache, create_cache_app, parse_upstreams
+
+    try:
+        upstreams = parse_upstreams(upstream)
+    except ValueError as exc:
+        fail(str(exc))
+    cache = WeightCache(upstreams, token, cache_dir, keep_files=keep)
+    console.print(
+        f"[bold]weight cache[/] for {upstreams} in {cache.root} on {host}:{port or '(free port)'}",
+        highlight=False,
+    )
+    try:
+        run(create_cache_app(cache), host, port, port_file, log_level="warning")
+    finally:
+        cache.close()

@@ -57,26 +57,43 @@ class _LeaseWaiter:
     expired: bool = False
 
 
-def _behind(req: LeaseRequest, outcome: LeaseGrant) -> bool:
-    """The node holds another version of a policy than the latest announced one: an older one,
-    or a newer one from a timeline that rewound (its trainer restarted from a checkpoint)."""
-    latest = outcome.latest_versions
-    return any(latest.get(p, held) != held for p, held in req.versions.items())
+def _held_back(config: ServiceConfig, req: LeaseRequest, latest: dict[str, int]) -> bool:
+    """The node's training work is held back until it loads other weights: admission control
+    (more than ``max_lag`` versions behind, or ahead of a timeline that rewound) or, in sync mode,
+    a round that needs the latest version. A node behind by ``max_lag`` or less may take work with the weights it has, so its
+    request parks like any other; telling it at once would only send it away: a node that loads
+    a version more slowly than the trainer publishes them (a remote region over a slow link) was
+    then never parked, and got work only when some happened to be free at the instant it asked."""
+    for policy, held in req.versions.items():
+        newest = latest.get(policy, -1)
+        if newest < 0 or newest == held:
+            continue
+        if newest < held:  # a rewound timeline (trainer restarted): those weights are gone
+            return True
+        try:
+            bound = config.recipe.max_lag_for(policy)
+        except KeyError:  # a policy the recipe does not know: treat as held back (answer now)
+            return True
+        if config.sync or newest - held > bound:
+            return True
+    return False
 
 
-def _news(waiter: _LeaseWaiter, outcome: LeaseGrant) -> bool:
-    """A version the node does not hold was announced since its request last looked.
+def _news(config: ServiceConfig, waiter: _LeaseWaiter, outcome: LeaseGrant) -> bool:
+    """A version the node does not hold was announced since its request last looked, and it
+    holds the node's work back (:func:`_held_back`).
 
     The node learns of new weights from lease replies and heartbeats. Admission control (a node
     more than ``max_lag`` behind) and sync rounds (which need the round's version) hold its work
     back until it loads them, so keeping the request parked would leave the node waiting for its
     next heartbeat (seconds) to hear of them: answer it now, empty, with the new versions."""
     before, after = waiter.last.latest_versions, outcome.latest_versions
-    return any(
+    news = any(
         after.get(policy, -1) > max(held, before.get(policy, -1))
         or after.get(policy, held) < min(held, before.get(policy, held))  # a rewind
         for policy, held in waiter.req.versions.items()
     )
+    return news and _held_back(config, waiter.req, after)
 
 
 def _throttle(loop: asyncio.AbstractEventLoop, last_start: float, last_end: float) -> float:
@@ -254,7 +271,8 @@ class DataflowService:
             or outcome.done
             or req.wait_s <= 0
             or self._lease_kick is None
-            or _behind(req, outcome)  # it must load newer weights first: tell it now
+            # it must load newer weights before it may work: tell it now
+            or _held_back(self.config, req, outcome.latest_versions)
         ):
             return outcome
         loop = asyncio.get_running_loop()
@@ -313,7 +331,7 @@ class DataflowService:
                     # remembered under its idempotency key for a retry, or expire
                 if isinstance(outcome, BaseException):
                     w.fut.set_exception(outcome)
-                elif outcome.leases or outcome.done or w.expired or _news(w, outcome):
+                elif outcome.leases or outcome.done or w.expired or _news(self.config, w, outcome):
                     w.fut.set_result(outcome)
                 else:
                     w.last = outcome

@@ -104,9 +104,11 @@ def reannounced(ctx: Context, tx: Tx, policy: str, version: int, digest: str) ->
     _cancel_evaluations(tx, policy, version - 1, ctx.now())
     ctx.metrics.forget(
         tx,
-        lambda r: r.get("policy") == policy
-        and r.get("type") == "eval"
-        and int(r.get("version") or 0) >= version,
+        lambda r: (
+            r.get("policy") == policy
+            and r.get("type") == "eval"
+            and int(r.get("version") or 0) >= version
+        ),
     )
 
 

@@ -41,6 +41,7 @@ from astraflow.protocol.models import (
     WeightVersion,
     new_id,
 )
+from astraflow.protocol.weights import WeightCacheStats
 
 __all__ = [
     "JSON",
@@ -76,6 +77,7 @@ __all__ = [
     "Task",
     "Trajectory",
     "WeightVersion",
+    "WeightCacheStats",
     "new_id",
     "TokenDigests",
 ]

@@ -430,14 +430,18 @@ class RolloutNode:
                 return
             if not grant.leases:
                 # An early empty answer that announces weights this node lacks is the service
-                # telling it to update (the weights loop is already fetching): ask again at once.
-                # Any other early empty answer (lease_wait_s = 0, or a service that does not
-                # long-poll) backs off rather than spin.
+                # telling it to update before it may work (admission control or a sync round;
+                # the weights loop is already fetching): ask again once they are loaded. Any
+                # other early empty answer (lease_wait_s = 0, or a service that does not
+                # long-poll) backs off rather than spin. An answer that waited the whole
+                # lease_wait_s means nothing came up: ask again at once, behind or not (a node
+                # within max_lag may work while its weights load).
+                early = time.monotonic() - asked < min(1.0, self.settings.lease_wait_s / 2)
                 behind = any(
                     grant.latest_versions.get(name, served.engine.version) != served.engine.version
                     for name, served in self.policies.items()
                 )
-                if behind:
+                if behind and early:
                     # ask again once the weights loop has them (bounded: a failing fetch must
                     # not stop the node from asking)
                     try:
@@ -446,7 +450,7 @@ class RolloutNode:
                         )
                     except asyncio.TimeoutError:
                         pass
-                elif time.monotonic() - asked < min(1.0, self.settings.lease_wait_s / 2):
+                elif early:
                     backoff = min(max(0.5, backoff * 2), 10.0)
                     await asyncio.sleep(backoff)
                 continue

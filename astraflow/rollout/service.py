@@ -37,6 +37,8 @@ class NodeOptions:
     env_timeout_s: float | None = None
     #: CA file to verify https:// services against (None: $ASTRAFLOW_CA_FILE, else system CAs)
     ca_file: str | None = None
+    #: fetch weights from this URL (a region's weight cache) instead of the announced locations
+    weight_cache: str | None = None
 
 
 #: Exit status of a node whose engine died (its leases are left to expire; see node.py).
@@ -136,6 +138,7 @@ async def _run(opts: NodeOptions, recipe: Recipe | None) -> int:
         weight_clients: dict[str, Any] = {}
 
         def fetch(policy: str, location: str, have: int | None, want: int):
+            location = opts.weight_cache or location
             wc = weight_clients.get(location)
             if wc is None:
                 wc = weight_clients[location] = WeightClient(

@@ -212,12 +212,17 @@ class WeightClient:
         return data
 
     def _download(self, path: str, size: int) -> bytes:
-        """GET with retries; after a broken connection, resume from the received offset."""
+        """GET with retries; after a broken connection, resume from the received offset.
+
+        Only attempts that make no progress count against ``retries``: on a lossy link that cuts
+        a large transfer several times, each resumed request that brought bytes starts the count
+        afresh, so the download finishes as long as it keeps moving."""
         import httpx
 
         buf = bytearray()
         attempt = 0
         while True:
+            before = len(buf)
             headers = {"Range": f"bytes={len(buf)}-"} if buf else {}
             try:
                 with self._http.stream("GET", path, headers=headers) as resp:
@@ -239,6 +244,8 @@ class WeightClient:
                             )
                 return bytes(buf)
             except httpx.TransportError as exc:
+                if len(buf) > before:
+                    attempt = 0  # the connection broke, but bytes came: resume, no penalty
                 attempt += 1
                 if attempt > self.retries:
                     raise WeightTransferError(

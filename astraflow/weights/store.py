@@ -28,6 +28,8 @@ from astraflow.weights.delta import SparseDelta
 from astraflow.weights.digest import bytes_digest, state_digest
 
 FULL_FILE = "model.safetensors"
+#: The one safetensors metadata key of a snapshot: JSON with the state digest and the version.
+SNAPSHOT_METADATA_KEY = "astraflow"
 META_FILE = "meta.json"
 _POLICY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _VERSION_RE = re.compile(r"^v(\d+)$")
@@ -39,6 +41,18 @@ class WeightStoreError(ValueError):
 
 def delta_file(parent: int) -> str:
     return f"delta_from_{parent}.safetensors"
+
+
+def snapshot_bytes(state: Mapping[str, Any], digest: str, version: int) -> bytes:
+    """The full snapshot file of ``state``: the same bytes for the same state in any process.
+
+    One metadata key only: safetensors writes several in hash-map order, which differs between
+    processes, and a region's weight cache rebuilds snapshots from deltas and checks them against
+    the sha256 the trainer announced (``astraflow.weights.cache``)."""
+    from safetensors.torch import save
+
+    meta = json.dumps({"digest": digest, "version": version}, sort_keys=True)
+    return save(dict(state), metadata={SNAPSHOT_METADATA_KEY: meta})
 
 
 def check_policy(policy: str) -> str:
@@ -133,8 +147,6 @@ class WeightStore:
     # ----------------------------------------------------------------- writes
     def publish(self, policy: str, version: int, tensors: Mapping[str, Any]) -> WeightVersion:
         """Write ``version`` (snapshot + delta from ``version - 1`` when that exists) atomically."""
-        from safetensors.torch import save
-
         target = self.version_dir(policy, version)
         existing = self.versions(policy)
         state = _cpu_state(tensors)
@@ -147,7 +159,7 @@ class WeightStore:
                 f"than that, got {version} (a trainer resuming from an older checkpoint calls "
                 f"discard_from(policy, {version}) first)"
             )
-        full = save(state, metadata={"astraflow.digest": digest, "astraflow.version": str(version)})
+        full = snapshot_bytes(state, digest, version)
         meta: dict[str, Any] = {
             "policy": policy,
             "version": version,

@@ -2,9 +2,13 @@
 
 For the built-in tiny policy and a larger randomly initialised Qwen2 model, takes a few real AdamW
 steps (fp32 master weights, random token data, small learning rates) and publishes each step's
-weights in fp32 and cast to bf16 (what a bf16 engine holds). Reports per case:
+weights in fp32 and cast to bf16 (what a bf16 engine holds). A last case, ``rl-bfloat16``, is the
+realistic RL setting: a ~125M Qwen2-shaped model, AdamW at lr 1e-6 on fp32 master weights, bf16
+published (JSON ``delta_over_full_rl_lr``, target <= 0.03). Reports per case:
 
-* delta bytes / full snapshot bytes (bf16 weights change in only a fraction of elements at small lr);
+* delta bytes / full snapshot bytes (bf16 weights change in only a fraction of elements at small lr),
+  and the same without the compressed ``coded`` encoding (``delta_over_full_uncoded``: int32 indices
+  or a bitmask plus raw values, the format-1 encodings);
 * encode (compute + serialise) and apply (parse + in-place apply) throughput in GB/s of model state,
   next to a plain ``copy_`` of the same state (memcpy) and the sha256 state digest;
 * end-to-end seconds for a real client to move from v to v+1 over loopback HTTP by delta (fetch,
@@ -28,6 +32,8 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 console = Console(width=None if sys.stdout.isatty() else 160)
+#: A realistic RL fine-tuning learning rate (the rl-bfloat16 case).
+RL_LR = 1e-6
 
 
 def _timed(fn, repeat: int = 3, setup=None) -> float:
@@ -50,8 +56,8 @@ def _model(kind: str, quick: bool):
 
     if kind == "tiny":
         return load_model("builtin:tiny-arith")
-    # ~106M (quick) / ~267M params of a Qwen2-shaped model, randomly initialised
-    hidden, layers = (768, 8) if quick else (1024, 12)
+    # ~125M (quick, and always for the RL-lr case) / ~267M params of a Qwen2-shaped model
+    hidden, layers = (768, 8) if quick or kind == "rl" else (1024, 12)
     cfg = Qwen2Config(
         vocab_size=32000,
         hidden_size=hidden,
@@ -101,6 +107,7 @@ def _case(name, states, dtype, tmp: Path, repeat: int) -> dict:
             ratios.append(wv.delta_bytes / wv.full_bytes)
             delta_sizes.append(wv.delta_bytes)
         full_sizes.append(wv.full_bytes)
+    uncoded = _uncoded_ratios(states, full_sizes[-1])
 
     old, new = states[-2], states[-1]
     old_d, new_d = state_digest(old), state_digest(new)
@@ -153,6 +160,7 @@ def _case(name, states, dtype, tmp: Path, repeat: int) -> dict:
         "delta_bytes": delta_sizes[-1],
         "delta_over_full": statistics.mean(ratios),
         "delta_over_full_per_step": ratios,
+        "delta_over_full_uncoded": statistics.mean(uncoded),
         "encode_gbps": gb / encode_s,
         "apply_gbps": gb / apply_s,
         "memcpy_gbps": gb / memcpy_s,
@@ -162,11 +170,29 @@ def _case(name, states, dtype, tmp: Path, repeat: int) -> dict:
     }
 
 
+def _uncoded_ratios(states, full_bytes: int) -> list[float]:
+    """delta/full of each step without the ``coded`` encoding (what format 1 would send)."""
+    import astraflow.weights.delta as D
+
+    saved = D.CODED_MIN_ELEMENTS
+    D.CODED_MIN_ELEMENTS = 1 << 62
+    try:
+        return [
+            len(D.SparseDelta.compute(a, b).to_bytes()) / full_bytes
+            for a, b in zip(states, states[1:], strict=False)
+        ]
+    finally:
+        D.CODED_MIN_ELEMENTS = saved
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="~100M-param model, 2 steps (< 2 min)")
     ap.add_argument("--json", type=Path, help="write the results as JSON here")
     ap.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate")
+    ap.add_argument(
+        "--rl-lr", type=float, default=RL_LR, help="learning rate of the rl-bfloat16 case"
+    )
     args = ap.parse_args()
 
     import torch
@@ -184,24 +210,30 @@ def main() -> None:
             ("tiny", torch.bfloat16),
             ("large", torch.float32),
             ("large", torch.bfloat16),
+            ("rl", torch.bfloat16),
         ]
         task = bar.add_task("weight sync", total=len(plan))
         cache = {}
         for kind, dtype in plan:
             if kind not in cache:
                 bar.update(task, description=f"{kind}: AdamW steps")
-                cache = {kind: _states_after_steps(_model(kind, args.quick), steps, args.lr)}
+                lr = args.rl_lr if kind == "rl" else args.lr
+                cache = {kind: _states_after_steps(_model(kind, args.quick), steps, lr)}
             bar.update(task, description=f"{kind} {dtype}: measuring")
             reps = 5 if kind == "tiny" else repeat
             rows.append(_case(f"{kind}-{str(dtype)[6:]}", cache[kind], dtype, Path(tmp), reps))
             bar.advance(task)
 
-    table = Table(title=f"Weight sync (AdamW lr={args.lr}, {steps} steps)", title_justify="left")
+    table = Table(
+        title=f"Weight sync (AdamW lr={args.lr}; rl case lr={args.rl_lr}; {steps} steps)",
+        title_justify="left",
+    )
     for col in [
         "case",
         "params",
         "full MB",
         "delta/full",
+        "uncoded",
         "encode GB/s",
         "apply GB/s",
         "memcpy GB/s",
@@ -216,6 +248,7 @@ def main() -> None:
             f"{r['params'] / 1e6:.1f}M",
             f"{r['full_bytes'] / 1e6:.1f}",
             f"{r['delta_over_full']:.3f}",
+            f"{r['delta_over_full_uncoded']:.3f}",
             f"{r['encode_gbps']:.2f}",
             f"{r['apply_gbps']:.2f}",
             f"{r['memcpy_gbps']:.2f}",
@@ -225,12 +258,17 @@ def main() -> None:
         )
     console.print(table)
     headline = next(r for r in rows if r["case"] == "large-bfloat16")
+    rl = next(r for r in rows if r["case"] == "rl-bfloat16")
     payload = {
         "benchmark": "weight_sync",
         "quick": args.quick,
         "lr": args.lr,
+        "rl_lr": args.rl_lr,
         "steps": steps,
         "delta_over_full": headline["delta_over_full"],
+        "delta_over_full_rl_lr": rl["delta_over_full"],
+        "delta_over_full_rl_lr_uncoded": rl["delta_over_full_uncoded"],
+        "rl_params": rl["params"],
         "apply_gbps": headline["apply_gbps"],
         "memcpy_gbps": headline["memcpy_gbps"],
         "cases": rows,

@@ -368,3 +368,36 @@ def test_retry_of_a_parked_request_gets_the_leases_it_was_granted(tmp_path):
             wait_s=WAIT_S,
         )
         assert [x.id for x in retry.leases] == [x.id for x in granted]
+
+
+def test_a_node_behind_within_max_lag_parks_and_gets_work_first(tmp_path):
+    """A node that loads versions more slowly than they are published (a remote region behind a
+    slow link) is usually a version or two behind. Within ``max_lag`` it may work, so its request
+    parks like any other and is served in arrival order: answering it at once (as if held back)
+    left it asking only at random instants, and a node that syncs fast took all the work. Past
+    ``max_lag`` it is held back, and the announcement that puts it there answers it at once."""
+    with (
+        _serve(tmp_path, tasks=_finite_sets(2), dataflow={"max_lag": 2}) as svc,
+        _client(svc) as c,
+    ):
+        a = c.register(policies={"policy": 0}).node_id
+        slow = c.register(policies={"policy": 0}).node_id
+        first, _second = c.lease(node_id=a, max_tasks=5, versions={"policy": 0}).leases
+        c.announce_version(policy="policy", version=1, location="http://w/1", digest="d1")
+        parked = Parked(svc, slow, {"policy": 0})  # one version behind: parks
+        parked.settle(svc)
+        c.announce_version(policy="policy", version=2, location="http://w/2", digest="d2")
+        time.sleep(0.5)
+        assert not parked.future.done()  # two behind is still within max_lag: stays parked
+        t0 = time.monotonic()
+        c.release(a, [first.id])
+        grant = _prompt(parked, t0)
+        assert [lease.task.id for lease in grant.leases] == [first.task.id]
+
+        parked = Parked(svc, slow, {"policy": 0})
+        parked.settle(svc)
+        t0 = time.monotonic()
+        c.announce_version(policy="policy", version=3, location="http://w/3", digest="d3")
+        grant = _prompt(parked, t0)  # now past max_lag: told at once, empty, to update
+        assert not grant.leases and grant.latest_versions == {"policy": 3}
+        assert "admission control" in (grant.reason or "")

@@ -142,7 +142,5 @@ def test_reannounced_version_keeps_its_evaluations_only_with_the_same_weights(se
         ev = c.request_evaluation(policy="policy", version=1, idempotency_key="eval-policy-v1")
         _announce(c, 1)  # the same weights again (a trainer resumed from checkpoint-1)
         assert ev.id in {e.id for e in c.evaluations()}
-        c.announce_version(
-            WeightVersion(policy="policy", version=1, location="/w", digest="other")
-        )
+        c.announce_version(WeightVersion(policy="policy", version=1, location="/w", digest="other"))
         assert ev.id not in {e.id for e in c.evaluations()}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 
@@ -211,3 +213,81 @@ def test_digest_depends_on_names_dtypes_shapes_and_bits():
     assert state_digest(a) != state_digest({"w": torch.zeros(2, 2)})
     assert state_digest(a) != state_digest({"w": torch.zeros(4, dtype=torch.int32)})
     assert state_digest(a) != state_digest({"w": torch.tensor([0.0, 0.0, 0.0, -0.0])})
+
+
+# ----------------------------------------------------------------------------- coded entries
+
+
+def _rl_step(n=1 << 17, seed=0, lr=1e-6):
+    """A large bf16 tensor published from fp32 masters after an Adam-like step of ``lr``."""
+    g = torch.Generator().manual_seed(seed)
+    master = torch.randn(n, generator=g) * 0.02
+    stepped = master - lr * torch.sign(torch.randn(n, generator=g))
+    return {"w": master.to(torch.bfloat16)}, {"w": stepped.to(torch.bfloat16)}
+
+
+def test_rl_lr_step_is_coded_small_and_bit_exact():
+    old, new = _rl_step()
+    delta = SparseDelta.compute(old, new)
+    entry = delta.tensors["w"]
+    assert entry.kind == "coded"
+    raw = SparseDelta.from_bytes(delta.to_bytes())
+    target = _clone(old)
+    raw.apply_(target)
+    _bits_equal(target, new)
+    changed = int((old["w"].view(torch.int16) != new["w"].view(torch.int16)).sum())
+    assert raw.changed_elements == changed
+    # int32 indices + bf16 values would take 6 bytes per changed element
+    assert delta.nbytes < 0.5 * 6 * changed
+    assert len(delta.to_bytes()) < 0.03 * new["w"].numel() * 2
+
+
+def test_coded_differences_wrap_at_the_integer_width():
+    n = 1 << 16
+    old = {"w": torch.zeros(n, dtype=torch.float16)}
+    new = _clone(old)
+    bits_old, bits_new = old["w"].view(torch.int16), new["w"].view(torch.int16)
+    bits_old[:10] = 32767  # NaN payloads at the top of the int16 range ...
+    bits_new[:10] = -32768  # ... become -0.0: a difference that wraps
+    bits_new[1000:1003] = 0x7C00  # +inf
+    delta = SparseDelta.compute(old, new)
+    assert delta.tensors["w"].kind == "coded"
+    target = _clone(old)
+    SparseDelta.from_bytes(delta.to_bytes()).apply_(target)
+    _bits_equal(target, new)
+
+
+def _coded_blob():
+    old, new = _rl_step(seed=3)
+    return old, SparseDelta.compute(old, new)
+
+
+def test_corrupt_coded_streams_are_rejected():
+    old, delta = _coded_blob()
+    entry = delta.tensors["w"]
+    gaps, diffs = entry.wire
+    bad = [
+        (zlib.compress(b"\x00" * entry.values.numel()), diffs, "strictly increasing"),
+        (zlib.compress(b"\x01" * 5), diffs, "varints"),
+        (gaps, zlib.compress(b"\x00" * 3), "difference bytes"),
+        (gaps, b"not zlib at all", "corrupt compressed stream"),
+        (gaps, zlib.compress(b"\x00" * (10 * entry.values.numel())), "longer than announced"),
+        (zlib.compress(b"\x7f" * entry.values.numel()), diffs, "outside"),
+    ]
+    for g, d, match in bad:
+        entry.wire = (g, d)
+        with pytest.raises(DeltaError, match=match):
+            SparseDelta.from_bytes(delta.to_bytes())
+
+
+def test_format_1_deltas_are_still_read(monkeypatch):
+    import astraflow.weights.delta as D
+
+    old = _state(torch.bfloat16)
+    new = _adam_like_step(old, lr=1e-2, seed=8)
+    monkeypatch.setattr(D, "FORMAT", "astraflow.sparse-delta/1")
+    blob = SparseDelta.compute(old, new).to_bytes()
+    monkeypatch.undo()
+    target = _clone(old)
+    SparseDelta.from_bytes(blob).apply_(target)
+    _bits_equal(target, new)

@@ -18,10 +18,11 @@ TOKEN = "resume-token"
 
 
 class CuttingRelay:
-    """Forwards TCP to ``upstream``; the first connection's response is cut after ``cut`` bytes."""
+    """Forwards TCP to ``upstream``; the first connection's response is cut after ``cut`` bytes
+    (every connection's with ``every=True``: a link that keeps dropping long transfers)."""
 
-    def __init__(self, upstream: tuple[str, int], cut: int):
-        self.upstream, self.cut = upstream, cut
+    def __init__(self, upstream: tuple[str, int], cut: int, every: bool = False):
+        self.upstream, self.cut, self.every = upstream, cut, every
         self.requests: list[bytes] = []
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
@@ -36,7 +37,7 @@ class CuttingRelay:
             except OSError:
                 return
             self.connections += 1
-            limit = self.cut if self.connections == 1 else None
+            limit = self.cut if self.connections == 1 or self.every else None
             threading.Thread(target=self._serve, args=(conn, limit), daemon=True).start()
 
     def _serve(self, conn: socket.socket, limit: int | None) -> None:
@@ -89,6 +90,32 @@ def test_cut_download_resumes_with_range(tmp_path):
         heads = b"".join(relay.requests)
         assert b"Range: bytes=" in heads or b"range: bytes=" in heads
         assert relay.connections >= 2
+    finally:
+        relay.close()
+        stop()
+
+
+def test_a_transfer_cut_more_often_than_the_retry_budget_still_completes(tmp_path):
+    """Each resumed request that brings bytes resets the retry count: a lossy link that cuts a
+    large transfer many times slows it down but does not fail it."""
+    store = WeightStore(tmp_path)
+    state = {"w": torch.randn(512, 512, generator=torch.Generator().manual_seed(1))}
+    store.publish("p", 0, state)
+    size = store.meta("p", 0)["full_bytes"]
+    url, stop = serve_in_thread(create_weight_app(store, TOKEN))
+    port = int(url.rsplit(":", 1)[1])
+    relay = CuttingRelay(("127.0.0.1", port), cut=120_000, every=True)
+    try:
+        with WeightClient(
+            f"http://127.0.0.1:{relay.port}", TOKEN, backoff=0.01, retries=2
+        ) as client:
+            meta = client.meta("p", 0)
+            full = client.fetch_full("p", 0, meta)
+        assert state_digest(full) == state_digest(state)
+        # more cut connections than the retry budget, each resumed where the last one broke
+        assert relay.connections >= size // 120_000 > 2 + 1
+        ranges = b"".join(relay.requests).lower().count(b"range: bytes=")
+        assert ranges >= size // 120_000
     finally:
         relay.close()
         stop()
