@@ -23,6 +23,10 @@ def test_tiny_policy_end_to_end(tmp_path):
         resolve_model("builtin:tiny-arith")
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
+    from envs.agentbench.os.sandbox import docker_available, overlay_problem
+
+    if not docker_available() and overlay_problem() is not None:
+        pytest.skip(f"no OS sandbox for the os family: {overlay_problem()}")
     out = tmp_path / "results.json"
     # the tiny model has a 256-token context, so the prompt is cut to the latest tokens
     cmd = [
