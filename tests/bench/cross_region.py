@@ -48,6 +48,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import _harness as H
 import _netns as N
@@ -191,6 +192,7 @@ def _port(url: str) -> int:
 def run_scenario(plan: Plan, wd: Path, link: N.LinkSpec) -> dict[str, Any]:
     from astraflow.launch.local import LocalLauncher
     from astraflow.launch.processes import service_env
+    from astraflow.protocol.auth import derive_token
     from astraflow.recipe import load_recipe
 
     events: dict[str, float] = {}
@@ -215,7 +217,9 @@ def run_scenario(plan: Plan, wd: Path, link: N.LinkSpec) -> dict[str, Any]:
         try:
             handle = run.start(plan.timeout_s)
             events["start"] = time.time()
-            env = service_env(handle.token, 1)
+            # the region gets node tokens only (lease, push, read weights), as a real one would
+            node_token = derive_token(handle.token, "node")
+            env = service_env(node_token, 1)
             df_port = _port(handle.url)
             location = run.until(
                 "the trainer's weight server",
@@ -225,9 +229,11 @@ def run_scenario(plan: Plan, wd: Path, link: N.LinkSpec) -> dict[str, Any]:
                 300,
             )
             wport = _port(location)
-            # the trainer's weight server listens on 127.0.0.1: expose it on the link's home end
-            w_relay = region.relay("weights-relay", f"{region.home_ip}:0", f"127.0.0.1:{wport}", "")
-            p_relay = region.relay("probe-relay", f"{region.home_ip}:0", f"127.0.0.1:{wport}", "")
+            # the relays give the weights and the probe their own ports on the link's home end
+            # (the weight server listens where it announced: dataflow.host, or loopback)
+            whost = urlsplit(location).hostname or "127.0.0.1"
+            w_relay = region.relay("weights-relay", f"{region.home_ip}:0", f"{whost}:{wport}", "")
+            p_relay = region.relay("probe-relay", f"{region.home_ip}:0", f"{whost}:{wport}", "")
             gw_port = region.relay(
                 "nat-gateway", f"{region.gw_ip}:0", f"{region.home_ip}:{df_port}", region.ns
             )
@@ -267,11 +273,13 @@ def run_scenario(plan: Plan, wd: Path, link: N.LinkSpec) -> dict[str, Any]:
                 events[f"{name}_started"] = time.time()
 
             def synced(name: str, at_least: int):
-                """The node caught up: it holds ``at_least`` and is within a version of the
-                latest (a phase's bytes must not include its initial catch-up)."""
+                """The node caught up: it holds ``at_least`` (the version when it joined), so a
+                phase's bytes do not include its initial full download. Not "within a version of
+                the latest": a trainer that publishes faster than the link delivers a version
+                keeps every remote node a few versions behind, and the phase would never start."""
                 n = run.node(name)
                 held = int((n or {}).get("versions", {}).get(POLICY, -1))
-                return n is not None and held >= max(at_least, run.version() - 1)
+                return n is not None and held >= at_least
 
             # 1. the probe, over the otherwise idle link
             first = run.until("a few trained versions", lambda: run.version() >= 3, 300)
@@ -280,7 +288,7 @@ def run_scenario(plan: Plan, wd: Path, link: N.LinkSpec) -> dict[str, Any]:
             probe_out = wd / "probe.json"
             probe = region.start("probe", [
                 sys.executable, str(Path(__file__).resolve()), "probe",
-                "--url", f"http://{region.home_ip}:{p_relay}", "--token", handle.token,
+                "--url", f"http://{region.home_ip}:{p_relay}", "--token", node_token,
                 "--policy", POLICY, "--versions", ",".join(map(str, probe_versions)),
                 "--out", str(probe_out),
             ], env=env)  # fmt: skip
