@@ -38,7 +38,7 @@ def test_a_run_under_faults_keeps_every_invariant(chaos, tmp_path):
     assert outcome.returncode == 0, outcome.violations
     assert outcome.violations == []
     assert outcome.steps_final == 12
-    assert outcome.restarts >= 2
+    assert outcome.restarts >= 1  # a kill after the last step restarts nothing
     # and the checker does see a broken run: a step trained twice, an evaluation made up
     run_dir = tmp_path / "seed3" / "quickstart"
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()

@@ -174,7 +174,8 @@ def test_dataflow_and_trainer_killed_mid_run_are_restarted(tmp_path):
     with exactly max_steps steps."""
     import signal
 
-    _, proc = _start(tmp_path, "run.restart_backoff_s=0.2")
+    # 12 steps: the trainer, killed at step 5, must still be training when the signal lands
+    _, proc = _start(tmp_path, "run.restart_backoff_s=0.2", "run.max_steps=12")
     run_dir = tmp_path / "quickstart"
     try:
         _wait_for_step(run_dir, 3, proc)
@@ -191,7 +192,7 @@ def test_dataflow_and_trainer_killed_mid_run_are_restarted(tmp_path):
         ("crash", "dataflow"), ("restart", "dataflow"),
         ("crash", "trainer-policy"), ("restart", "trainer-policy"),
     ]  # fmt: skip
-    _assert_exact_timeline(run_dir)
+    _assert_exact_timeline(run_dir, max_steps=12)
     assert [
         n for n, pid in json.loads((run_dir / "pids.json").read_text()).items() if _alive(pid)
     ] == []
