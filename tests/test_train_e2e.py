@@ -144,7 +144,7 @@ def _start(tmp_path: Path, *extra: str) -> tuple[list[str], subprocess.Popen]:
     return argv, proc
 
 
-def _assert_exact_timeline(run_dir: Path, max_steps: int = 8) -> None:
+def _assert_exact_timeline(run_dir: Path, max_steps: int) -> None:
     """The final timeline: steps 1..max_steps once each, version == step, each batch once (in
     metrics.jsonl and in the store), the weights at version max_steps, and evaluations only of
     versions of this timeline, each version once."""
@@ -204,7 +204,7 @@ def test_resume_after_the_dataflow_killed_ends_at_max_steps(tmp_path):
     the run still ends at exactly max_steps with version == step."""
     import signal
 
-    argv, proc = _start(tmp_path, "run.max_restarts=0")
+    argv, proc = _start(tmp_path, "run.max_restarts=0", "run.max_steps=12")
     run_dir = tmp_path / "quickstart"
     try:
         _wait_for_step(run_dir, 5, proc)
@@ -218,7 +218,7 @@ def test_resume_after_the_dataflow_killed_ends_at_max_steps(tmp_path):
         [*argv, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    _assert_exact_timeline(run_dir)
+    _assert_exact_timeline(run_dir, max_steps=12)
 
 
 def test_resume_after_trainer_killed(tmp_path):
@@ -226,7 +226,8 @@ def test_resume_after_trainer_killed(tmp_path):
     checkpoint and replays the steps after it."""
     import signal
 
-    argv, proc = _start(tmp_path, "run.max_restarts=0", "evaluation.every_steps=0")
+    argv, proc = _start(tmp_path, "run.max_restarts=0", "evaluation.every_steps=0",
+                        "run.max_steps=12")  # fmt: skip
     run_dir = tmp_path / "quickstart"
     try:
         _wait_for_step(run_dir, 4, proc)
@@ -241,7 +242,7 @@ def test_resume_after_trainer_killed(tmp_path):
         [*argv, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    _assert_exact_timeline(run_dir)
+    _assert_exact_timeline(run_dir, max_steps=12)
     # steps up to checkpoint-3 were kept; the ones after it were trained again on the same batches
     after = {r["step"]: r["batch_id"] for r in _records(run_dir, "step")}
     assert all(after[r["step"]] == r["batch_id"] for r in before)
