@@ -144,6 +144,35 @@ def _start(tmp_path: Path, *extra: str) -> tuple[list[str], subprocess.Popen]:
     return argv, proc
 
 
+def _kill_at_step(run_dir: Path, proc: subprocess.Popen, step: int, service: str) -> None:
+    """SIGKILL ``service`` of the run once step ``step`` is recorded."""
+    import signal
+
+    _wait_for_step(run_dir, step, proc)
+    os.kill(json.loads((run_dir / "pids.json").read_text())[service], signal.SIGKILL)
+
+
+def _fail_then_resume(
+    run_dir: Path, argv: list[str], proc: subprocess.Popen, step: int, service: str
+) -> list[dict]:
+    """With restarts off, killing ``service`` at ``step`` fails the run; ``--resume`` must then
+    finish it at exactly 12 steps. Returns the step records as they were before the resume."""
+    try:
+        _kill_at_step(run_dir, proc, step, service)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and f"{service} failed" in out, out[-2000:]
+    before = _records(run_dir, "step")
+    resumed = subprocess.run(
+        [*argv, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    _assert_exact_timeline(run_dir, max_steps=12)
+    return before
+
+
 def _assert_exact_timeline(run_dir: Path, max_steps: int) -> None:
     """The final timeline: steps 1..max_steps once each, version == step, each batch once (in
     metrics.jsonl and in the store), the weights at version max_steps, and evaluations only of
@@ -172,16 +201,12 @@ def test_dataflow_and_trainer_killed_mid_run_are_restarted(tmp_path):
     """SIGKILL the dataflow, then the trainer: the launcher restarts both (the dataflow from its
     store, the trainer from checkpoint-3 or -6, the steps after it replayed) and the run ends
     with exactly max_steps steps."""
-    import signal
-
     # 12 steps: the trainer, killed at step 5, must still be training when the signal lands
     _, proc = _start(tmp_path, "run.restart_backoff_s=0.2", "run.max_steps=12")
     run_dir = tmp_path / "quickstart"
     try:
-        _wait_for_step(run_dir, 3, proc)
-        os.kill(json.loads((run_dir / "pids.json").read_text())["dataflow"], signal.SIGKILL)
-        _wait_for_step(run_dir, 5, proc)
-        os.kill(json.loads((run_dir / "pids.json").read_text())["trainer-policy"], signal.SIGKILL)
+        _kill_at_step(run_dir, proc, 3, "dataflow")
+        _kill_at_step(run_dir, proc, 5, "trainer-policy")
         out, _ = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
@@ -202,47 +227,17 @@ def test_resume_after_the_dataflow_killed_ends_at_max_steps(tmp_path):
     """No restarts allowed: SIGKILL of the dataflow fails the run; `--resume` then restarts the
     trainer from its newest checkpoint, which is older than the steps the dataflow counted, and
     the run still ends at exactly max_steps with version == step."""
-    import signal
-
     argv, proc = _start(tmp_path, "run.max_restarts=0", "run.max_steps=12")
-    run_dir = tmp_path / "quickstart"
-    try:
-        _wait_for_step(run_dir, 5, proc)
-        os.kill(json.loads((run_dir / "pids.json").read_text())["dataflow"], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0 and "dataflow failed" in out, out[-2000:]
-    resumed = subprocess.run(
-        [*argv, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    _assert_exact_timeline(run_dir, max_steps=12)
+    _fail_then_resume(tmp_path / "quickstart", argv, proc, 5, "dataflow")
 
 
 def test_resume_after_trainer_killed(tmp_path):
     """Kill the trainer mid-run with restarts off; `astraflow train --resume` continues from its
     checkpoint and replays the steps after it."""
-    import signal
-
     argv, proc = _start(tmp_path, "run.max_restarts=0", "evaluation.every_steps=0",
                         "run.max_steps=12")  # fmt: skip
     run_dir = tmp_path / "quickstart"
-    try:
-        _wait_for_step(run_dir, 4, proc)
-        os.kill(json.loads((run_dir / "pids.json").read_text())["trainer-policy"], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0 and "trainer-policy failed" in out, out[-2000:]
-    before = _records(run_dir, "step")
-    resumed = subprocess.run(
-        [*argv, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    _assert_exact_timeline(run_dir, max_steps=12)
+    before = _fail_then_resume(run_dir, argv, proc, 4, "trainer-policy")
     # steps up to checkpoint-3 were kept; the ones after it were trained again on the same batches
     after = {r["step"]: r["batch_id"] for r in _records(run_dir, "step")}
     assert all(after[r["step"]] == r["batch_id"] for r in before)

@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import _harness as H
 from rich.console import Console
 from rich.table import Table
 
@@ -92,16 +93,7 @@ class RunOutcome:
 
 
 def _records(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    return H.read_jsonl(run_dir / "metrics.jsonl")
 
 
 def _steps_done(run_dir: Path) -> int:
