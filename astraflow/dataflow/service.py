@@ -79,21 +79,27 @@ def _held_back(config: ServiceConfig, req: LeaseRequest, latest: dict[str, int])
     return False
 
 
-def _news(config: ServiceConfig, waiter: _LeaseWaiter, outcome: LeaseGrant) -> bool:
-    """A version the node does not hold was announced since its request last looked, and it
-    holds the node's work back (:func:`_held_back`).
+def _news(waiter: _LeaseWaiter, outcome: LeaseGrant) -> bool:
+    """A version the node does not hold was announced since its request last looked.
 
-    The node learns of new weights from lease replies and heartbeats. Admission control (a node
-    more than ``max_lag`` behind) and sync rounds (which need the round's version) hold its work
-    back until it loads them, so keeping the request parked would leave the node waiting for its
-    next heartbeat (seconds) to hear of them: answer it now, empty, with the new versions."""
+    The node learns of new weights from lease replies and heartbeats (seconds apart). Keeping the
+    request parked would leave it on old weights until its next heartbeat: answer it now, empty,
+    with the new versions. A node held back (:func:`_held_back`) then loads them before asking
+    again; one within ``max_lag`` asks again at once, so it stays parked while its weights load
+    (a node that loads more slowly than the trainer publishes still gets work)."""
     before, after = waiter.last.latest_versions, outcome.latest_versions
-    news = any(
+    return any(
         after.get(policy, -1) > max(held, before.get(policy, -1))
         or after.get(policy, held) < min(held, before.get(policy, held))  # a rewind
         for policy, held in waiter.req.versions.items()
     )
-    return news and _held_back(config, waiter.req, after)
+
+
+def _answer(config: ServiceConfig, req: LeaseRequest, outcome: LeaseGrant) -> LeaseGrant:
+    """The grant as sent: an empty one says whether the node must load new weights first."""
+    if outcome.leases or outcome.done or not _held_back(config, req, outcome.latest_versions):
+        return outcome
+    return outcome.model_copy(update={"update_first": True})
 
 
 def _throttle(loop: asyncio.AbstractEventLoop, last_start: float, last_end: float) -> float:
@@ -274,7 +280,7 @@ class DataflowService:
             # it must load newer weights before it may work: tell it now
             or _held_back(self.config, req, outcome.latest_versions)
         ):
-            return outcome
+            return _answer(self.config, req, outcome)
         loop = asyncio.get_running_loop()
         waiter = _LeaseWaiter(req, loop.create_future(), outcome)
         self._lease_waiters[id(waiter)] = waiter
@@ -283,12 +289,13 @@ class DataflowService:
             self._lease_kick.set()
         try:
             try:
-                return await asyncio.wait_for(asyncio.shield(waiter.fut), timeout=req.wait_s)
+                outcome = await asyncio.wait_for(asyncio.shield(waiter.fut), timeout=req.wait_s)
+                return _answer(self.config, req, outcome)
             except asyncio.TimeoutError:
                 if not waiter.in_pass:
-                    return waiter.last
+                    return _answer(self.config, req, waiter.last)
                 waiter.expired = True  # the pass under way answers it, leases or not
-                return await waiter.fut
+                return _answer(self.config, req, await waiter.fut)
         finally:
             self._lease_waiters.pop(id(waiter), None)
 
@@ -331,7 +338,7 @@ class DataflowService:
                     # remembered under its idempotency key for a retry, or expire
                 if isinstance(outcome, BaseException):
                     w.fut.set_exception(outcome)
-                elif outcome.leases or outcome.done or w.expired or _news(self.config, w, outcome):
+                elif outcome.leases or outcome.done or w.expired or _news(w, outcome):
                     w.fut.set_result(outcome)
                 else:
                     w.last = outcome

@@ -85,6 +85,11 @@ class LeaseGrant(WireModel):
     weight_locations: dict[str, str] = Field(
         default_factory=dict, description="Where the latest version of each policy can be fetched"
     )
+    update_first: bool = Field(
+        default=False,
+        description="The node's training work is held back until it loads the latest weights "
+        "(more than max_lag behind, a sync round, or a rewound timeline): ask again once loaded",
+    )
 
 
 class LeaseRelease(WireModel):

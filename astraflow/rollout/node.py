@@ -391,8 +391,8 @@ class RolloutNode:
         A parked request is never cancelled from here: httpcore can leak a pooled connection when
         a request is cancelled mid-response, and a node that re-asked on every new version ran its
         pool dry. Instead the service answers a parked request at once when a version this node
-        lacks is announced (admission control or a sync round may be holding its work back), and
-        the loop asks again as soon as the weights loop has loaded it."""
+        lacks is announced; the loop asks again at once, or, when the answer says its work is held
+        back until it updates (admission control, a sync round), once the weights are loaded."""
         backoff = 0.0
         key: str | None = None
         while not self._stopping.is_set() and not self._done.is_set():
@@ -410,7 +410,7 @@ class RolloutNode:
                 idempotency_key=key,
                 wait_s=self.settings.lease_wait_s,
             )
-            asked = time.monotonic()
+            asked, known = time.monotonic(), dict(self.latest)
             try:
                 grant = await self.client.lease(request)
             except asyncio.CancelledError:
@@ -421,6 +421,9 @@ class RolloutNode:
                 await asyncio.sleep(backoff)
                 continue
             key = None
+            # news since the request was sent (a heartbeat may have brought it to self.latest
+            # meanwhile; the service answered because the request had not seen it)
+            news = any(known.get(n) != v for n, v in grant.latest_versions.items())
             self._note_versions(grant.latest_versions, getattr(grant, "weight_locations", None))
             if grant.done:
                 # wait for in-flight work (each task leaves _in_flight when it ends), then leave
@@ -429,28 +432,28 @@ class RolloutNode:
                 self._done.set()
                 return
             if not grant.leases:
-                # An early empty answer that announces weights this node lacks is the service
-                # telling it to update before it may work (admission control or a sync round;
-                # the weights loop is already fetching): ask again once they are loaded. Any
-                # other early empty answer (lease_wait_s = 0, or a service that does not
-                # long-poll) backs off rather than spin. An answer that waited the whole
-                # lease_wait_s means nothing came up: ask again at once, behind or not (a node
-                # within max_lag may work while its weights load).
+                # An empty answer that says `update_first` holds this node's work back until it
+                # loads the latest weights (admission control, a sync round, a rewind; the
+                # weights loop is already fetching): ask again once they are loaded. An early
+                # answer that brings version news is the service passing them on: ask again at
+                # once (a node within max_lag works while its weights load). Any other early
+                # answer (lease_wait_s = 0, or a service that does not long-poll) backs off
+                # rather than spin. An answer that waited the whole lease_wait_s means nothing
+                # came up: ask again at once.
                 early = time.monotonic() - asked < min(1.0, self.settings.lease_wait_s / 2)
                 behind = any(
                     grant.latest_versions.get(name, served.engine.version) != served.engine.version
                     for name, served in self.policies.items()
                 )
-                if behind and early:
-                    # ask again once the weights loop has them (bounded: a failing fetch must
-                    # not stop the node from asking)
+                if grant.update_first and behind:
+                    # bounded: a failing fetch must not stop the node from asking
                     try:
                         await asyncio.wait_for(
                             self._weights_changed.wait(), timeout=self.settings.lease_wait_s
                         )
                     except asyncio.TimeoutError:
                         pass
-                elif early:
+                elif early and not news:
                     backoff = min(max(0.5, backoff * 2), 10.0)
                     await asyncio.sleep(backoff)
                 continue

@@ -234,6 +234,7 @@ def test_a_parked_node_hears_of_the_version_it_needs_at_once(tmp_path):
         c.announce_version(policy="policy", version=1, location="http://w/1", digest="d")
         grant = _prompt(parked, t0)
         assert not grant.leases and grant.latest_versions == {"policy": 1}
+        assert grant.update_first  # the round needs version 1
         assert grant.weight_locations["policy"] == "http://w/1"
         # holding version 1, it gets round 1's task at once
         assert len(c.lease(node_id=node, max_tasks=1, versions={"policy": 1}).leases) == 1
@@ -248,6 +249,7 @@ def test_a_lagging_node_is_answered_at_once_and_admitted_after_a_reannounce(tmp_
         grant = c.lease(node_id=node, max_tasks=1, versions={"policy": 0}, wait_s=WAIT_S)
         assert time.monotonic() - t0 < PROMPT_S
         assert not grant.leases and grant.latest_versions == {"policy": 3}
+        assert grant.update_first
         assert not svc.service._lease_waiters
         # the trainer restarted from its version-1 checkpoint: versions 2 and 3 no longer exist
         c.announce_version(policy="policy", version=1, location="http://w/1", digest="d")
@@ -373,9 +375,11 @@ def test_retry_of_a_parked_request_gets_the_leases_it_was_granted(tmp_path):
 def test_a_node_behind_within_max_lag_parks_and_gets_work_first(tmp_path):
     """A node that loads versions more slowly than they are published (a remote region behind a
     slow link) is usually a version or two behind. Within ``max_lag`` it may work, so its request
-    parks like any other and is served in arrival order: answering it at once (as if held back)
-    left it asking only at random instants, and a node that syncs fast took all the work. Past
-    ``max_lag`` it is held back, and the announcement that puts it there answers it at once."""
+    parks like any other and is served in arrival order: answering every request at once (as if
+    held back) left it asking only at random instants, and a node that syncs fast took all the
+    work. A new version answers the parked request at once (else the node would hear of it only
+    at its next heartbeat), without ``update_first``: the node asks again straight away and parks
+    while its weights load. Past ``max_lag`` the answer says ``update_first``."""
     with (
         _serve(tmp_path, tasks=_finite_sets(2), dataflow={"max_lag": 2}) as svc,
         _client(svc) as c,
@@ -386,9 +390,15 @@ def test_a_node_behind_within_max_lag_parks_and_gets_work_first(tmp_path):
         c.announce_version(policy="policy", version=1, location="http://w/1", digest="d1")
         parked = Parked(svc, slow, {"policy": 0})  # one version behind: parks
         parked.settle(svc)
+        t0 = time.monotonic()
         c.announce_version(policy="policy", version=2, location="http://w/2", digest="d2")
-        time.sleep(0.5)
-        assert not parked.future.done()  # two behind is still within max_lag: stays parked
+        grant = _prompt(parked, t0)  # the news is passed on at once
+        assert not grant.leases and grant.latest_versions == {"policy": 2}
+        assert not grant.update_first  # two behind is still within max_lag: it may work
+        parked = Parked(svc, slow, {"policy": 0})  # asks again at once: parks
+        parked.settle(svc)
+        time.sleep(0.3)
+        assert not parked.future.done()
         t0 = time.monotonic()
         c.release(a, [first.id])
         grant = _prompt(parked, t0)
@@ -400,4 +410,5 @@ def test_a_node_behind_within_max_lag_parks_and_gets_work_first(tmp_path):
         c.announce_version(policy="policy", version=3, location="http://w/3", digest="d3")
         grant = _prompt(parked, t0)  # now past max_lag: told at once, empty, to update
         assert not grant.leases and grant.latest_versions == {"policy": 3}
+        assert grant.update_first
         assert "admission control" in (grant.reason or "")
