@@ -53,11 +53,11 @@ def check(
 
 def _tasks_ok(path: Path, recipe, rows: int) -> bool:
     """Resolve every task set of ``recipe`` and validate a few rows against its env."""
-    from tasks.check import check_sets
     from tasks.catalog import default_task_sets
+    from tasks.check import check_sets
 
     sets = default_task_sets()
-    for name, error in sorted(sets.errors.items()):
+    for _name, error in sorted(sets.errors.items()):
         err_console.print(f"[yellow]warning:[/] {escape(error)}", highlight=False, soft_wrap=True)
     bad = [c for c in check_sets(recipe, rows=rows, task_sets=sets) if c.error]
     for c in bad:

@@ -17,7 +17,7 @@ def _registry():
     from tasks.catalog import default_task_sets
 
     reg = default_task_sets()
-    for name, error in sorted(reg.errors.items()):
+    for _name, error in sorted(reg.errors.items()):
         err_console.print(f"[yellow]warning:[/] {escape(error)}", highlight=False, soft_wrap=True)
     return reg
 

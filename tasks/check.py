@@ -81,7 +81,9 @@ def check_sets(
     except (KeyError, ImportError) as exc:
         return [SetCheck("tasks.env", env_id, "", 0, str(exc))]
 
-    wanted = [(f"tasks.sets[{i}]", s.name, s.split, s.kwargs) for i, s in enumerate(recipe.tasks.sets)]
+    wanted = [
+        (f"tasks.sets[{i}]", s.name, s.split, s.kwargs) for i, s in enumerate(recipe.tasks.sets)
+    ]
     ev = recipe.evaluation
     if ev.every_steps > 0:  # resolved as the dataflow service does (evaluations.py)
         name = ev.task_set or recipe.tasks.sets[0].name
