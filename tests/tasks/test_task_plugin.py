@@ -133,3 +133,20 @@ def test_astraflow_train_on_plugin_env_and_task_set(site, tmp_path):
     db = sqlite3.connect(tmp_path / "runs" / "acme" / "dataflow.db")
     ids = [r[0] for r in db.execute("SELECT id FROM tasks LIMIT 5")]
     assert ids and all(i.startswith("acme_doubles:train:") for i in ids)
+
+    # `eval run` scores the run directory's latest checkpoint on the plugin's held-out split
+    report = tmp_path / "eval.json"
+    ev = _run(
+        [*CLI, "eval", "run", "--policy", str(tmp_path / "runs" / "acme"), "--env",
+         "acme/Double-v0", "--tasks", "acme_doubles:test", "--limit", "4", "--max-tokens", "4",
+         "--device", "cpu", "--out", str(report)],
+        site,
+        timeout=300,
+    )  # fmt: skip
+    assert ev.returncode == 0, ev.stdout[-3000:] + ev.stderr[-3000:]
+    got = json.loads(report.read_text())
+    assert got["meta"]["weight_version"] == 2
+    assert "checkpoint-2" in got["meta"]["checkpoint"]
+    assert got["meta"]["sampling"]["temperature"] == 0.0
+    assert got["summary"]["tasks"] == 4 and got["summary"]["errors"] == 0
+    assert all(r["versions"] == [2] for r in got["samples"])
