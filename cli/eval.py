@@ -68,8 +68,8 @@ def run(
         fail("--samples > 1 with --temperature 0 gives K identical attempts; use a temperature > 0")
     try:
         engine_args = parse_engine_args(engine_arg)
-        task_kwargs = parse_engine_args(kwarg)
-        env_kwargs = parse_engine_args(env_kwarg)
+        task_kwargs = parse_engine_args(kwarg, "--kwarg")
+        env_kwargs = parse_engine_args(env_kwarg, "--env-kwarg")
         config = TaskSetEval(
             env=env, task_set=name, split=split, limit=limit, samples=samples,
             concurrency=concurrency, max_turns=max_turns, workflow=workflow, seed=seed,
@@ -78,7 +78,7 @@ def run(
         checkpoint = resolve_policy(policy)
         version = weight_version(checkpoint)
     except (ValueError, FileNotFoundError) as exc:
-        fail(str(exc).replace("--engine-arg", "KEY=VALUE"))
+        fail(str(exc))
 
     async def main():
         runner = _policy_agent(
@@ -367,7 +367,7 @@ def local_checkpoint(model: str) -> str:
         ) from None
 
 
-def parse_engine_args(items: list[str]) -> dict:
+def parse_engine_args(items: list[str], flag: str = "--engine-arg") -> dict:
     """``KEY=VALUE`` pairs; VALUE is read as JSON when it parses (numbers, true, lists), else text."""
     import json
 
@@ -375,7 +375,7 @@ def parse_engine_args(items: list[str]) -> dict:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--engine-arg expects KEY=VALUE, got {item!r}")
+            raise ValueError(f"{flag} expects KEY=VALUE, got {item!r}")
         try:
             out[key.strip()] = json.loads(value)
         except json.JSONDecodeError:
