@@ -236,8 +236,11 @@ class Tracker:
 
     def _save_seq(self) -> None:
         tmp = self.state_path.with_name(STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps({"last_seq": self.last_seq}))
-        os.replace(tmp, self.state_path)
+        try:
+            tmp.write_text(json.dumps({"last_seq": self.last_seq}))
+            os.replace(tmp, self.state_path)
+        except OSError as exc:  # a full disk must not stop the run; a resume may resend
+            log.warning("cannot save %s: %s", self.state_path, exc)
 
     def poll(self) -> int:
         """Forward the records appended since the last call; returns how many."""
