@@ -153,3 +153,17 @@ def test_train_writes_tensorboard_scalars(tmp_path):
     for key in ("episodes_per_s", "tokens_per_s", "weight_sync_s", "weight_fetch_s"):
         assert f"policy/nodes/node-0/{key}" in got, sorted(got)
     assert [s for s, _ in got["policy/eval/arith/test/accuracy"]] == [2]
+
+
+def test_recipe_backends_are_checked_and_a_missing_extra_is_named(tmp_path, monkeypatch):
+    from astraflow.launch.tracking import TrackerUnavailable, open_tracker
+    from astraflow.recipe import RecipeError, load_recipe
+
+    quick = ROOT / "recipes" / "quickstart.toml"
+    with pytest.raises(RecipeError, match="logging.backends"):
+        load_recipe(quick, ['logging.backends=["mlflow"]'])
+    assert open_tracker(load_recipe(quick, []), tmp_path) is None
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # as if the extra were not installed
+    recipe = load_recipe(quick, ['logging.backends=["tensorboard"]'])
+    with pytest.raises(TrackerUnavailable, match=r"pip install 'astraflow\[tensorboard\]'"):
+        open_tracker(recipe, tmp_path)
