@@ -52,8 +52,7 @@ class EngineAgent:
         #: engine slides a window over long prompts).
         self.max_total_tokens = int(getattr(engine, "max_context", 0) or 1 << 30)
         self.sampling = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens)
-        params = self.sampling
-        self._policies = {role: RolePolicy(name, engine, params, trainable=False)}
+        self._policies = {role: RolePolicy(name, engine, self.sampling, trainable=False)}
 
     def policies(self, task: Task) -> dict[str, RolePolicy]:
         return self._policies
