@@ -1,7 +1,7 @@
-"""`astraflow eval agentbench`: AgentBench v0.2 (dbbench, os_interaction) against a policy.
+"""`astraflow eval run` (any env, any task set) and `astraflow eval agentbench` (AgentBench v0.2).
 
 The episodes run through the training path (workflow, engine, env runner); see
-:mod:`astraflow.rollout.evaluation.agentbench`. This module parses flags and renders the report.
+:mod:`astraflow.rollout.evaluation`. This module parses flags and renders the reports.
 """
 
 from __future__ import annotations
@@ -13,6 +13,154 @@ import typer
 from cli.common import console, fail
 
 app = typer.Typer(help="Evaluate policies on benchmarks.", no_args_is_help=True)
+
+
+@app.command("run")
+def run(
+    policy: str = typer.Option(
+        ...,
+        "--policy",
+        help="builtin:NAME, a Hugging Face id or local path, or a run directory (latest checkpoint)",
+    ),
+    env: str = typer.Option(..., "--env", help="Env id (see `astraflow envs list`)"),
+    tasks: str = typer.Option(
+        ..., "--tasks", help="SET or SET:SPLIT (see `astraflow tasks list`); split default test"
+    ),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="First N tasks of the split"),
+    samples: int = typer.Option(1, "--samples", min=1, help="Attempts per task (pass@k, k<=K)"),
+    engine: str = typer.Option("transformers", "--engine", help="transformers | vllm | openai"),
+    device: str = typer.Option("auto", "--device", help="Engine device: auto | cpu | cuda[:N]"),
+    engine_arg: list[str] = typer.Option([], "--engine-arg", help="KEY=VALUE for the engine"),
+    max_tokens: int = typer.Option(256, "--max-tokens", min=1, help="New tokens per turn"),
+    temperature: float | None = typer.Option(
+        None, "--temperature", min=0.0, help="Default: 0 (greedy) with one sample, else 1.0"
+    ),
+    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
+    max_turns: int = typer.Option(1, "--max-turns", min=1, help="Turns per episode"),
+    workflow: str = typer.Option("single_agent", "--workflow", help="Workflow the episodes run"),
+    kwarg: list[str] = typer.Option(
+        [], "--kwarg", help="Task-set loader KEY=VALUE (e.g. path=tasks.jsonl)"
+    ),
+    env_kwarg: list[str] = typer.Option([], "--env-kwarg", help="Env KEY=VALUE"),
+    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Episodes run at once"),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of generated task sets"),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="JSON report (default: RUN_DIR/eval/SET-SPLIT.json for a run "
+        "directory, else eval-SET-SPLIT.json here)",
+    ),
+) -> None:
+    """Score a policy on any registered env and task set: accuracy, pass@k, turns, tokens."""
+    import asyncio
+    import json
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from astraflow.rollout.evaluation.tasksets import TaskSetEval, evaluate_task_set
+
+    name, _, split = tasks.partition(":")
+    if not name:
+        fail(f"--tasks expects SET or SET:SPLIT, got {tasks!r}")
+    split = split or "test"
+    temp = temperature if temperature is not None else (0.0 if samples == 1 else 1.0)
+    if samples > 1 and temp == 0.0:
+        fail("--samples > 1 with --temperature 0 gives K identical attempts; use a temperature > 0")
+    try:
+        engine_args = parse_engine_args(engine_arg)
+        task_kwargs = parse_engine_args(kwarg, "--kwarg")
+        env_kwargs = parse_engine_args(env_kwarg, "--env-kwarg")
+        config = TaskSetEval(
+            env=env, task_set=name, split=split, limit=limit, samples=samples,
+            concurrency=concurrency, max_turns=max_turns, workflow=workflow, seed=seed,
+            task_kwargs=task_kwargs, env_kwargs=env_kwargs,
+        )  # fmt: skip
+        checkpoint = resolve_policy(policy)
+        version = weight_version(checkpoint)
+    except (ValueError, FileNotFoundError) as exc:
+        fail(str(exc))
+
+    async def main():
+        runner = _policy_agent(
+            policy, engine, device, engine_args, max_tokens, temp, "limit", top_p=top_p
+        )
+        # generations carry the checkpoint's weight version, as on a rollout node holding it
+        runner.engine.version = version
+        progress = Progress(
+            TextColumn(f"[bold]{name}:{split}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("passed {task.fields[passed]}"), TimeElapsedColumn(), console=console,
+        )  # fmt: skip
+        bar: list[int] = []
+        passed = [0]
+
+        def on_start(n: int) -> None:
+            bar.append(progress.add_task("eval", total=n, passed=0))
+
+        def on_result(row: dict) -> None:
+            passed[0] += int(row["success"])
+            progress.update(bar[0], advance=1, passed=passed[0])
+
+        try:
+            with progress:
+                return await evaluate_task_set(runner, config, on_start, on_result)
+        finally:
+            await runner.close()
+
+    try:
+        report = asyncio.run(main())
+    except (KeyError, ValueError, RuntimeError, OSError, ImportError, TypeError) as exc:
+        fail(f"{type(exc).__name__}: {str(exc).strip(chr(34) + chr(39))}")
+    report["meta"].update(
+        policy=policy,
+        checkpoint=checkpoint,
+        weight_version=version,
+        engine={"name": engine, "device": device, "args": engine_args},
+        sampling={
+            "temperature": temp,
+            "top_p": top_p,
+            "max_tokens": max_tokens,
+            "samples": samples,
+        },
+    )
+    console.print(render_summary(report))
+    target = out or default_report_path(policy, name, split)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    console.print(f"report written to {target}")
+
+
+def weight_version(checkpoint: str) -> int:
+    """The trainer's weight version of a checkpoint (its step marker); 0 for an initial model."""
+    from astraflow.trainer.checkpoints import read_mark
+
+    mark = read_mark(checkpoint) if Path(checkpoint).is_dir() else None
+    return mark.version if mark is not None else 0
+
+
+def default_report_path(policy: str, name: str, split: str) -> Path:
+    path = Path(policy)
+    if not policy.startswith("builtin:") and path.is_dir() and not (path / "config.json").exists():
+        return path / "eval" / f"{name}-{split}.json"
+    return Path(f"eval-{name}-{split}.json")
+
+
+def render_summary(report: dict):
+    from rich.table import Table
+
+    s, m = report["summary"], report["meta"]
+    t = Table(title=f"{m['task_set']}:{m['split']} on {m['env']} (weights v{m['weight_version']})")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("tasks", str(s["tasks"]))
+    t.add_row("samples", str(s["samples"]))
+    t.add_row("accuracy", f"{s['accuracy']:.1%}")
+    for k, v in s["pass_at_k"].items():
+        t.add_row(f"pass@{k}", f"{v:.1%}")
+    for key, label in (("mean_reward", "mean reward"), ("mean_turns", "mean turns"),
+                       ("mean_tokens", "mean tokens")):  # fmt: skip
+        t.add_row(label, "-" if s[key] is None else f"{s[key]:.2f}")
+    t.add_row("errors", str(s["errors"]))
+    return t
 
 
 @app.command()
@@ -146,6 +294,8 @@ def _policy_agent(
     max_tokens: int,
     temperature: float,
     overflow: str,
+    *,
+    top_p: float = 1.0,
 ):
     """The policy's engine, serving every episode (what a rollout node would run)."""
     from astraflow.rollout.evaluation.agents import EngineAgent
@@ -158,6 +308,7 @@ def _policy_agent(
         max_tokens=max_tokens,
         temperature=temperature,
         overflow=overflow,
+        top_p=top_p,
     )
 
 
@@ -216,7 +367,7 @@ def local_checkpoint(model: str) -> str:
         ) from None
 
 
-def parse_engine_args(items: list[str]) -> dict:
+def parse_engine_args(items: list[str], flag: str = "--engine-arg") -> dict:
     """``KEY=VALUE`` pairs; VALUE is read as JSON when it parses (numbers, true, lists), else text."""
     import json
 
@@ -224,7 +375,7 @@ def parse_engine_args(items: list[str]) -> dict:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--engine-arg expects KEY=VALUE, got {item!r}")
+            raise ValueError(f"{flag} expects KEY=VALUE, got {item!r}")
         try:
             out[key.strip()] = json.loads(value)
         except json.JSONDecodeError:

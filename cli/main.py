@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import certs, envs, models, recipe, report, sandbox, serve, status, token, train
+from cli import certs, envs, models, recipe, report, sandbox, serve, status, tasks, token, train
 from cli import eval as eval_cmd
 
 app = typer.Typer(
@@ -21,6 +21,7 @@ app = typer.Typer(
 app.command("train", help="Train policies from a TOML recipe (starts every service).")(train.train)
 app.add_typer(eval_cmd.app, name="eval", help="Evaluate a policy on benchmarks (agentbench, ...).")
 app.add_typer(envs.app, name="envs", help="List, inspect and check environments.")
+app.add_typer(tasks.app, name="tasks", help="List and inspect task sets (built-in and plugins).")
 app.add_typer(serve.app, name="serve", help="Run one service: dataflow, rollout or trainer.")
 app.command("status", help="Live view of a running job's dataflow service.")(status.status)
 app.add_typer(recipe.app, name="recipe", help="Validate and inspect recipes.")

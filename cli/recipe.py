@@ -16,6 +16,13 @@ app = typer.Typer(help="Validate and inspect TOML recipes.", no_args_is_help=Tru
 def check(
     files: list[Path] = typer.Argument(..., help="Recipe files to validate"),
     set_: list[str] = typer.Option([], "--set", help="Override a key: a.b.c=value"),
+    tasks: bool = typer.Option(
+        True,
+        "--tasks/--no-tasks",
+        help="Load a few rows of every task set and validate them against the env "
+        "(--no-tasks: the schema only, e.g. for a recipe whose data lives elsewhere)",
+    ),
+    rows: int = typer.Option(3, "--rows", min=1, help="Rows of each task set to validate"),
 ) -> None:
     """Validate recipes; exit 1 after reporting every bad file, naming each bad key."""
     from astraflow.recipe import RecipeError, load_recipe
@@ -30,6 +37,9 @@ def check(
                 f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
             )
             continue
+        if tasks and not _tasks_ok(f, recipe, rows):
+            failed += 1
+            continue
         trainable = ", ".join(recipe.trainable_policies()) or "none"
         console.print(
             f"[green]ok[/] {escape(str(f))}  (policies: {', '.join(recipe.policies)}; "
@@ -39,6 +49,24 @@ def check(
         )
     if failed:
         raise typer.Exit(1)
+
+
+def _tasks_ok(path: Path, recipe, rows: int) -> bool:
+    """Resolve every task set of ``recipe`` and validate a few rows against its env."""
+    from tasks.catalog import default_task_sets
+    from tasks.check import check_sets
+
+    sets = default_task_sets()
+    for _name, error in sorted(sets.errors.items()):
+        err_console.print(f"[yellow]warning:[/] {escape(error)}", highlight=False, soft_wrap=True)
+    bad = [c for c in check_sets(recipe, rows=rows, task_sets=sets) if c.error]
+    for c in bad:
+        err_console.print(
+            f"[bold red]error:[/] {escape(str(path))}: {escape(c.error or '')}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    return not bad
 
 
 @app.command()

@@ -22,8 +22,11 @@ class TaskSetInfo:
     loader: Loader
     splits: tuple[str, ...]
     description: str = ""
-    #: Env id the payloads are made for (the recipe may still choose another compatible env).
+    #: Env id the payloads are made for (the recipe may still choose another compatible env);
+    #: empty for generic sets (``jsonl``) whose rows suit whatever env the recipe names.
     default_env: str = "astraflow/Math-v0"
+    #: Distribution that registered the set ("astraflow" for the built-ins).
+    source: str = "astraflow"
 
 
 class UnknownTaskSetError(KeyError):
@@ -34,9 +37,21 @@ class UnknownTaskSetError(KeyError):
 class TaskSetRegistry:
     def __init__(self) -> None:
         self._sets: dict[str, TaskSetInfo] = {}
+        #: Plugins that failed to load or register, by entry-point name (shown by the CLI).
+        self.errors: dict[str, str] = {}
 
     def add(self, info: TaskSetInfo) -> None:
+        """Register ``info``; a name taken by another source is an error (a plugin cannot
+        silently replace a built-in set or another plugin's)."""
+        known = self._sets.get(info.name)
+        if known is not None and known.source != info.source:
+            raise ValueError(
+                f"task set {info.name!r} is registered twice: by {known.source} and by {info.source}"
+            )
         self._sets[info.name] = info
+
+    def infos(self) -> list[TaskSetInfo]:
+        return [self._sets[n] for n in self.names()]
 
     def names(self) -> list[str]:
         return sorted(self._sets)

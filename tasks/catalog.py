@@ -1,4 +1,11 @@
-"""The built-in catalogue of task sets (a fresh registry per call; no module-level state).
+"""The catalogue of task sets: the built-ins plus plugins of the entry-point group
+``astraflow.tasks`` (a fresh registry per call; no module-level state).
+
+A plugin entry point names a :class:`~tasks.base.TaskSetInfo`, or a callable returning one or an
+iterable of them (like ``astraflow.envs`` plugins), e.g. in the plugin's ``pyproject.toml``::
+
+    [project.entry-points."astraflow.tasks"]
+    acme = "acme_pkg.tasks:task_sets"
 
 Loaders are referenced lazily (module:function strings resolved on first load), so building the
 catalogue imports nothing heavy. The code sets come from :mod:`tasks.code` (owned by the code env)
@@ -13,6 +20,8 @@ from typing import Any
 
 from tasks import arith
 from tasks.base import Loader, Payload, TaskSetInfo, TaskSetRegistry
+
+TASKS_GROUP = "astraflow.tasks"
 
 
 def _lazy(target: str) -> Loader:
@@ -36,8 +45,40 @@ def _code_sets() -> ModuleType | None:
         raise
 
 
-def default_task_sets() -> TaskSetRegistry:
+def default_task_sets(*, plugins: bool = True) -> TaskSetRegistry:
+    reg = builtin_task_sets()
+    if plugins:
+        add_plugins(reg)
+    return reg
+
+
+def add_plugins(reg: TaskSetRegistry, group: str = TASKS_GROUP) -> None:
+    """Register the task sets of every ``group`` entry point; failures land in ``reg.errors``."""
+    from astraflow.plugins import discover, plugin_error
+
+    found = discover(group)
+    reg.errors.update(found.errors)
+    for ep in found.loaded:
+        try:
+            obj = ep.obj if isinstance(ep.obj, TaskSetInfo) else ep.obj()
+            infos = [obj] if isinstance(obj, TaskSetInfo) else list(obj or [])
+            for info in infos:
+                if not isinstance(info, TaskSetInfo):
+                    raise TypeError(
+                        f"expected TaskSetInfo objects (tasks.base), got {type(info).__name__}"
+                    )
+                if info.source == "astraflow":
+                    info = TaskSetInfo(**{**info.__dict__, "source": ep.dist})
+                reg.add(info)
+        except Exception as exc:  # one bad plugin does not hide the others
+            reg.errors[ep.name] = plugin_error(group, ep.name, ep.value, exc)
+
+
+def builtin_task_sets() -> TaskSetRegistry:
     reg = TaskSetRegistry()
+    reg.add(TaskSetInfo("jsonl", _lazy("tasks.jsonl:load_jsonl"), ("train", "test", "validation"),
+                        "Any JSON-lines file, one task payload per row (path=, id_field='id')",
+                        ""))  # fmt: skip
     reg.add(TaskSetInfo("arith", arith.generate, ("train", "test"),
                         "Generated integer arithmetic (levels 1-3), sized for CPU RL",
                         "astraflow/Math-v0"))  # fmt: skip

@@ -318,6 +318,10 @@ def ack(ctx: Context, tx: Tx, batch_id: str, req: BatchAck) -> Ack:
                 "staleness_mean": (sum(k * v for k, v in hist.items()) / n) if n else None,
                 "staleness_max": max(hist) if hist else None,
                 "dropped": summary["dropped"],
+                # every drop so far by reason (ingestion filters included), and the nodes'
+                # throughput and weight-sync times: experiment trackers read them from here
+                "drops_total": state.drops(tx).get(policy, {}),
+                "nodes": state.node_metrics(tx),
                 "metrics": req.metrics,
                 "time": now,
             },

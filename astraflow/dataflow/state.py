@@ -42,6 +42,16 @@ def count_drop(tx: Tx, policy: str, reason: str, n: int = 1) -> None:
     )
 
 
+def node_metrics(tx: Tx) -> dict[str, dict[str, float]]:
+    """Each active node's latest heartbeat metrics (throughput, weight-sync times), by name."""
+    out: dict[str, dict[str, float]] = {}
+    for nid, body, metrics in tx.execute(
+        "SELECT id, body, metrics FROM nodes WHERE state='active' ORDER BY registered_at"
+    ):
+        out[json.loads(body).get("name") or nid] = json.loads(metrics)
+    return out
+
+
 def drops(tx: Tx) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for policy, reason, count in tx.execute("SELECT policy, reason, count FROM drops"):

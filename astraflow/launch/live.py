@@ -6,8 +6,6 @@ Status gives queues, nodes, versions, buffers and drops; the newest ``step`` rec
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +13,8 @@ from typing import Any
 from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
+
+from astraflow.launch.tracking import JsonlFollower
 
 
 def _fmt(v: Any, nd: int = 3) -> str:
@@ -30,30 +30,16 @@ class MetricsTail:
 
     def __init__(self, path: Path):
         self.path = path
-        self.offset = 0
-        self.inode: int | None = None
+        self.follower = JsonlFollower(path)
         self.last_step: dict[str, dict] = {}
         self.first_time: dict[str, float] = {}
         self.samples: dict[str, int] = {}
 
     def poll(self) -> dict[str, dict]:
-        try:
-            with open(self.path, "rb") as f:
-                inode = os.fstat(f.fileno()).st_ino
-                if inode != self.inode:  # rewritten (a rewound timeline): read it afresh
-                    self.inode, self.offset = inode, 0
-                    self.last_step, self.first_time, self.samples = {}, {}, {}
-                f.seek(self.offset)
-                chunk = f.read()
-        except OSError:
-            return self.last_step
-        end = chunk.rfind(b"\n") + 1
-        self.offset += end
-        for line in chunk[:end].splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
+        rewritten, records = self.follower.poll()
+        if rewritten:  # a rewound timeline: the file was rewritten, read it afresh
+            self.last_step, self.first_time, self.samples = {}, {}, {}
+        for rec in records:
             if rec.get("type") != "step":
                 continue
             policy = rec.get("policy", "policy")

@@ -20,6 +20,7 @@ import httpx
 from astraflow.launch.processes import Service, astraflow_argv, service_env
 from astraflow.launch.security import RunSecurity
 from astraflow.launch.supervision import RestartBudget, RestartLog
+from astraflow.launch.tracking import Tracker, TrackerUnavailable, open_tracker
 from astraflow.recipe import Recipe, load_recipe, recipe_to_toml
 
 
@@ -68,6 +69,8 @@ class LocalLauncher:
         self.restarts = RestartBudget(recipe.run.max_restarts, recipe.run.restart_backoff_s)
         self.restart_log = RestartLog(run_dir / "restarts.jsonl")
         self._env: dict[str, str] = {}
+        #: forwards metrics.jsonl to the recipe's [logging] backends (None: no backends)
+        self.tracker: Tracker | None = None
 
     # ------------------------------------------------------------------ start
     def start(self) -> RunHandle:
@@ -84,6 +87,10 @@ class LocalLauncher:
         except (ValueError, OSError) as exc:  # a missing or unusable certificate file
             raise LaunchError(f"[security]: {exc}") from exc
         self.token = self.security.secret
+        try:
+            self.tracker = open_tracker(self.recipe, rd)
+        except TrackerUnavailable as exc:
+            raise LaunchError(str(exc)) from exc
         self._env = service_env(self.token, threads)
         url_file = rd / "dataflow.url"
         url_file.unlink(missing_ok=True)
@@ -247,6 +254,8 @@ class LocalLauncher:
         trained_at: float | None = None
         while True:
             st = self.status()
+            if self.tracker is not None:
+                self.tracker.poll()
             if on_status:
                 on_status(st, self.handle.services)
             failed = self._supervise(trained_at is not None)
@@ -313,17 +322,20 @@ class LocalLauncher:
 
     # ------------------------------------------------------------------ stop
     def stop(self) -> dict[str, int | None]:
-        """Stop in dependency order: nodes, trainers, then the dataflow service."""
+        """Stop in dependency order: nodes, trainers, then the dataflow service; then forward
+        the last metrics records to the trackers and close them."""
         codes: dict[str, int | None] = {}
-        if not self.handle:
-            return codes
-        order = (
-            self.handle.by_prefix("node-")
-            + self.handle.by_prefix("trainer-")
-            + self.handle.by_prefix("dataflow")
-        )
-        for svc in order:
-            codes[svc.name] = svc.stop(timeout=30.0 if svc.name.startswith("node-") else 20.0)
+        if self.handle:
+            order = (
+                self.handle.by_prefix("node-")
+                + self.handle.by_prefix("trainer-")
+                + self.handle.by_prefix("dataflow")
+            )
+            for svc in order:
+                codes[svc.name] = svc.stop(timeout=30.0 if svc.name.startswith("node-") else 20.0)
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
         return codes
 
 

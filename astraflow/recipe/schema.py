@@ -291,6 +291,26 @@ class LoggingConfig(Section):
     live: bool = Field(default=True, description="Live rich view in `astraflow train`")
     report: bool = Field(default=True, description="Write plots and summary at the end")
     log_every: int = Field(default=1, ge=1)
+    backends: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list,
+        description="Experiment trackers fed from metrics.jsonl by the launcher: tensorboard "
+        "(run_dir/tensorboard; extra astraflow[tensorboard]) and wandb (extra astraflow[wandb])",
+    )
+    wandb_project: str = Field(default="astraflow", min_length=1, description="W&B project")
+    wandb_entity: str | None = Field(default=None, description="W&B entity (team or user)")
+    wandb_mode: Literal["offline", "online"] = Field(
+        default="offline",
+        description="offline: write run_dir/wandb, no network (upload later with `wandb sync`); "
+        "online: stream to the W&B server",
+    )
+
+    @field_validator("backends")
+    @classmethod
+    def _backends_once(cls, v: list[str]) -> list[str]:
+        dupes = sorted({b for b in v if v.count(b) > 1})
+        if dupes:
+            raise ValueError(f"logging.backends lists {', '.join(dupes)} more than once")
+        return v
 
 
 class SecurityConfig(Section):

@@ -55,6 +55,11 @@ class NodeStats:
     pushes: int = 0
     tokens: int = 0
     weight_updates: int = 0
+    #: seconds the latest weight update took (fetch from the store + load into the engine) and
+    #: the sum over all of them; sent with each heartbeat so metrics.jsonl records sync times
+    weight_fetch_s: float = 0.0
+    weight_load_s: float = 0.0
+    weight_sync_s_total: float = 0.0
     started: float = field(default_factory=time.time)
 
     def as_metrics(self) -> dict[str, float]:
@@ -67,6 +72,10 @@ class NodeStats:
             "episodes_per_s": self.episodes / elapsed,
             "tokens_per_s": self.tokens / elapsed,
             "weight_updates": self.weight_updates,
+            "weight_fetch_s": self.weight_fetch_s,
+            "weight_load_s": self.weight_load_s,
+            "weight_sync_s": self.weight_fetch_s + self.weight_load_s,
+            "weight_sync_s_mean": self.weight_sync_s_total / max(self.weight_updates, 1),
         }
 
 
@@ -367,9 +376,12 @@ class RolloutNode:
                         raise EngineFailure(
                             f"engine for {name} failed to load version {want}: {exc}"
                         ) from exc
-                self.stats.weight_updates += 1
-                self._weights_changed.set()
                 done = time.perf_counter()
+                self.stats.weight_updates += 1
+                self.stats.weight_fetch_s = fetched - t0
+                self.stats.weight_load_s = done - fetched
+                self.stats.weight_sync_s_total += done - t0
+                self._weights_changed.set()
                 log.info(
                     "policy %s: v%d -> v%d (%s) in %.2fs (fetch %.3fs, load %.3fs)",
                     name,

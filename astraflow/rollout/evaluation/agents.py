@@ -38,6 +38,7 @@ class EngineAgent:
         max_tokens: int = 512,
         temperature: float = 0.0,
         overflow: str = "limit",
+        top_p: float = 1.0,
     ):
         if overflow not in OVERFLOW_MODES:
             raise ValueError(f"overflow must be 'limit' or 'truncate', got {overflow!r}")
@@ -50,8 +51,8 @@ class EngineAgent:
         #: The workflow's token budget per episode: the model's context (or unbounded when the
         #: engine slides a window over long prompts).
         self.max_total_tokens = int(getattr(engine, "max_context", 0) or 1 << 30)
-        params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
-        self._policies = {role: RolePolicy(name, engine, params, trainable=False)}
+        self.sampling = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+        self._policies = {role: RolePolicy(name, engine, self.sampling, trainable=False)}
 
     def policies(self, task: Task) -> dict[str, RolePolicy]:
         return self._policies
