@@ -218,10 +218,12 @@ class LocalLauncher:
         attempt per call: the watch loop calls again anyway."""
         assert self.handle and self.security
         if self._client is None:
-            sec = self.security
-            ca = str(sec.ca_file) if sec.tls is not None and sec.ca_file else None
             self._client = SyncDataflowClient(
-                self.handle.url, self.token, timeout=5.0, retries=0, ca_file=ca
+                self.handle.url,
+                self.token,
+                timeout=5.0,
+                retries=0,
+                ca_file=self.security.client_ca_file,
             )
         return self._client
 
