@@ -17,6 +17,26 @@ app = typer.Typer(help="Run one AstraFlow service.", no_args_is_help=True)
 _CERT_HELP = "Serve HTTPS with this certificate chain (PEM; with --tls-key)"
 _KEY_HELP = "Private key of --tls-cert (PEM)"
 _CA_HELP = "CA certificate to verify https:// services against"
+_LOG_HELP = "debug | info | warning | error (default: the recipe's logging.level)"
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _configure_logging(flag: str | None, spec) -> str:
+    """Set this service's log level: ``--log-level``, else the recipe's ``logging.level``, else
+    info. Every astraflow module logs through the root logger; httpx stays at warning (one line
+    per request drowns the log). Returns the level, for uvicorn."""
+    import logging
+
+    from cli.common import fail
+
+    level = (flag or (spec.logging.level if spec is not None else "info")).lower()
+    if level not in _LOG_LEVELS:
+        fail(f"--log-level must be one of {', '.join(_LOG_LEVELS)}, got {flag!r}")
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    return level
 
 
 def _server_tls(cert: Path | None, key: Path | None, spec, what: str):
@@ -110,7 +130,7 @@ def dataflow(
     ),
     tls_cert: Path = typer.Option(None, "--tls-cert", envvar="ASTRAFLOW_TLS_CERT", help=_CERT_HELP),
     tls_key: Path = typer.Option(None, "--tls-key", envvar="ASTRAFLOW_TLS_KEY", help=_KEY_HELP),
-    log_level: str = typer.Option("warning", "--log-level"),
+    log_level: str = typer.Option(None, "--log-level", help=_LOG_HELP),
 ) -> None:
     """Dataflow service: tasks, leases, buffers, dataflow policies."""
     from cli.common import console, fail, load_recipe_or_exit
@@ -119,6 +139,7 @@ def dataflow(
     if synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
         fail(f"--synchronous must be FULL, NORMAL or EXTRA, got {synchronous!r}")
     spec = load_recipe_or_exit(recipe, overrides)
+    log_level = _configure_logging(log_level, spec)
     tls = _server_tls(tls_cert, tls_key, spec, "the dataflow service")
     from astraflow.dataflow.app import create_app
     from astraflow.dataflow.policies import PolicyConfigError
@@ -184,22 +205,17 @@ def rollout(
         min=0.001,
         help="Seconds one env call may take (recipe rollout.env_timeout_s)",
     ),
-    log_level: str = typer.Option("info", "--log-level"),
+    log_level: str = typer.Option(None, "--log-level", help=_LOG_HELP),
 ) -> None:
     """Rollout node: engines, workflows, envs; joins a running job (and may leave at any time)."""
-    import logging
-
     from astraflow.protocol.auth import ADMIN, NODE
     from cli.common import fail, load_recipe_or_exit
 
     _check_token(token, "rollout", (NODE, ADMIN))
     if engine is not None and engine not in ("transformers", "vllm", "openai"):
         fail(f"--engine must be transformers, vllm or openai, got {engine!r}")
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the log
     spec = load_recipe_or_exit(recipe) if recipe else None
+    _configure_logging(log_level, spec)
     ca = _ca_file(ca_file, spec)
     from astraflow.protocol.client import AuthError, ServiceUnreachable, TLSError
     from astraflow.rollout.service import NodeOptions, run_node
@@ -249,20 +265,15 @@ def trainer(
     ),
     tls_key: Path = typer.Option(None, "--tls-key", envvar="ASTRAFLOW_TLS_KEY", help=_KEY_HELP),
     ca_file: Path = typer.Option(None, "--ca-file", envvar="ASTRAFLOW_CA_FILE", help=_CA_HELP),
-    log_level: str = typer.Option("info", "--log-level"),
+    log_level: str = typer.Option(None, "--log-level", help=_LOG_HELP),
 ) -> None:
     """Trainer for one policy (TRL GRPO family); serves its weight versions over HTTP(S)."""
-    import logging
-
     from astraflow.protocol.auth import ADMIN, TRAINER
     from cli.common import fail, load_recipe_or_exit
 
     _check_token(token, "trainer", (TRAINER, ADMIN))
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     spec = load_recipe_or_exit(recipe, overrides)
+    _configure_logging(log_level, spec)
     if policy not in spec.policies:
         fail(
             f"--policy {policy!r} is not defined in {recipe}; defined: {', '.join(sorted(spec.policies))}"

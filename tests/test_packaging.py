@@ -107,6 +107,9 @@ def test_wheel_contains_every_package_and_its_data(wheel: Path):
     assert "astraflow = cli.main:main" in entry_points
     assert "[astraflow.envs]" in entry_points
     assert "Requires-Dist: torch==2.13.0" in metadata
+    # imported by the package, so declared (not just pulled in by trl/transformers)
+    assert "Requires-Dist: datasets" in metadata and "Requires-Dist: huggingface_hub" in metadata
+    assert "astraflow/py.typed" in names  # type checkers read the package's annotations
     for extra in ("vllm", "ray", "docker", "test", "dev"):
         assert f"Provides-Extra: {extra}" in metadata
 

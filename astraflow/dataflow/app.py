@@ -32,7 +32,6 @@ from astraflow.dataflow.http import (
 )
 from astraflow.dataflow.packed import decode_push
 from astraflow.dataflow.service import DataflowService
-from astraflow.dataflow.status import DataflowStatus
 from astraflow.protocol import (
     Ack,
     BatchAck,
@@ -55,6 +54,7 @@ from astraflow.protocol import (
 )
 from astraflow.protocol.auth import ROLES, TokenDigests, TokenVerifier
 from astraflow.protocol.codec import JSON, MSGPACK
+from astraflow.protocol.status import DataflowStatus
 from astraflow.recipe.schema import Recipe
 
 REQUEST_MODELS = [

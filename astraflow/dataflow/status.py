@@ -1,67 +1,17 @@
-"""GET /status: one document with everything the live view and the launcher need."""
+"""GET /status: builds the status document (its types live in ``astraflow.protocol.status``)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
-
-from pydantic import BaseModel, Field
 
 from astraflow.dataflow import evaluations, state
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.leases import current_round, nodes_done
 from astraflow.dataflow.store import Tx
-from astraflow.protocol import EvaluationResult
+from astraflow.protocol.status import DataflowStatus, NodeStatus, PolicyStatus
 
 #: Window for node throughput (episodes per second over the last minute).
 THROUGHPUT_WINDOW_S = 60.0
-
-
-class NodeStatus(BaseModel):
-    id: str
-    name: str
-    region: str
-    state: str
-    last_heartbeat: float
-    seconds_since_heartbeat: float
-    versions: dict[str, int]
-    episodes: int
-    episodes_per_s: float
-    active_leases: int
-    metrics: dict[str, float] = Field(default_factory=dict)
-
-
-class PolicyStatus(BaseModel):
-    trainable: bool
-    latest_version: int | None
-    weight_location: str | None
-    steps: int
-    max_steps: int
-    buffer_groups: int = Field(description="Complete groups waiting for a batch")
-    buffer_samples: int
-    unacked_batches: int
-    staleness: dict[str, int] = Field(description="Histogram of sample staleness in acked batches")
-    dropped: dict[str, int] = Field(description="Samples dropped, by reason")
-
-
-class DataflowStatus(BaseModel):
-    run: str
-    mode: str
-    time: float
-    done: bool
-    training_done: bool
-    round: int | None = None
-    queue: dict[str, int] = Field(description="Pending tasks: training per task set, and 'eval'")
-    in_flight_leases: int
-    expired_leases: int
-    tasks_done: int
-    episodes: int
-    episodes_per_s: float
-    nodes: list[NodeStatus]
-    policies: dict[str, PolicyStatus]
-    evaluations: list[EvaluationResult]
-    dataflow_policies: list[dict[str, str]]
-    store: dict[str, Any] = Field(default_factory=dict)
 
 
 def build(ctx: Context, tx: Tx) -> DataflowStatus:

@@ -1,7 +1,9 @@
-"""The live rich view of a run: ``GET /status`` of the dataflow service plus the run's metrics.
+"""The one status renderer: ``GET /status`` of the dataflow service, plus the run's metrics.
 
-Status gives queues, nodes, versions, buffers and drops; the newest ``step`` record per policy in
-``metrics.jsonl`` gives reward, throughput and staleness, so the view needs no extra endpoint.
+``astraflow status URL`` and the launcher's live view both draw with :func:`render`. Status gives
+queues, nodes, versions, buffers, drops and evaluations; when the run directory is at hand, the
+newest ``step`` record per policy in ``metrics.jsonl`` adds reward, throughput and staleness, so
+the view needs no extra endpoint.
 """
 
 from __future__ import annotations
@@ -10,11 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from astraflow.launch.tracking import JsonlFollower
+from astraflow.protocol.messages import EvaluationResult
+from astraflow.protocol.status import DataflowStatus
 
 
 def _fmt(v: Any, nd: int = 3) -> str:
@@ -56,88 +61,153 @@ class MetricsTail:
         return self.samples[policy] / span if span > 0 else None
 
 
-def latest_evals(st: dict) -> dict[str, dict]:
-    out: dict[str, dict] = {}
-    for ev in st.get("evaluations", []) or []:
-        if ev.get("done") and ev.get("accuracy") is not None:
-            prev = out.get(ev["policy"])
-            if prev is None or ev.get("version", 0) >= prev.get("version", 0):
-                out[ev["policy"]] = ev
+def latest_evals(st: DataflowStatus) -> dict[str, EvaluationResult]:
+    """The newest finished evaluation with an accuracy, per policy."""
+    out: dict[str, EvaluationResult] = {}
+    for ev in st.evaluations:
+        if ev.done and ev.accuracy is not None:
+            prev = out.get(ev.policy)
+            if prev is None or ev.version >= prev.version:
+                out[ev.policy] = ev
     return out
 
 
-def render_status(
-    st: dict | None, services: list, run_dir: str, started: float, tail: MetricsTail | None = None
-) -> Panel:
-    elapsed = time.time() - started
-    if not st:
-        return Panel("waiting for the dataflow service…", title=f"astraflow · {run_dir}")
+def _counts(d: dict[str, int]) -> str:
+    return " ".join(f"{k}:{v}" for k, v in d.items()) or "-"
+
+
+def _age(seconds: float) -> str:
+    return f"{seconds:.1f}s" if seconds < 60 else f"{seconds / 60:.1f}m"
+
+
+def render(st: DataflowStatus, tail: MetricsTail | None = None) -> Group:
+    """The tables of one status document: the one renderer behind ``astraflow status`` and the
+    launcher's live view. With the run's metrics (the launcher has the run directory), the policy
+    table also shows the newest step's reward and staleness and the sample rate."""
     last = tail.poll() if tail else {}
+    done = "[green]done[/]" if st.done else "[yellow]running[/]"
+    round_ = f"  round {st.round}" if st.round is not None else ""
+    header = Text.from_markup(
+        f"[bold]{st.run}[/]  mode {st.mode}{round_}  {done}  "
+        f"episodes {st.episodes} ({st.episodes_per_s:.2f}/s)  "
+        f"tasks done {st.tasks_done}  in-flight leases {st.in_flight_leases}"
+        f"  expired {st.expired_leases}"
+    )
+    header.append(
+        "\nqueue: " + (", ".join(f"{k} {v}" for k, v in sorted(st.queue.items())) or "empty")
+    )
+
     evals = latest_evals(st)
     pol = Table(title="policies", expand=True)
-    for col in (
-        "policy",
-        "step",
-        "version",
-        "reward",
-        "eval acc",
-        "samples/s",
-        "staleness",
-        "buffer",
-        "dropped",
-    ):
+    cols = ["policy", "step", "version", "eval acc"]
+    if tail:
+        cols += ["reward", "samples/s", "staleness (mean)"]
+    cols += ["buffer groups", "buffer samples", "unacked", "staleness (acked)", "dropped"]
+    for col in cols:
         pol.add_column(col, justify="left" if col == "policy" else "right")
-    for name, p in sorted((st.get("policies") or {}).items()):
-        rec = last.get(name, {})
-        ev = evals.get(name, {})
-        dropped = sum((p.get("dropped") or {}).values())
-        pol.add_row(
-            name + ("" if p.get("trainable", True) else " (frozen)"),
-            f"{p.get('steps', 0)}/{p.get('max_steps', '?')}",
-            _fmt(p.get("latest_version")),
-            _fmt(rec.get("reward_mean")),
-            (f"{ev['accuracy']:.3f} @v{ev.get('version')}" if ev else "-"),
-            _fmt(tail.samples_per_s(name) if tail else None, 1),
-            _fmt(rec.get("staleness_mean"), 2),
-            _fmt(p.get("buffer_groups")),
-            _fmt(dropped),
-        )
+    for name, p in sorted(st.policies.items()):
+        ev = evals.get(name)
+        row = [
+            name + ("" if p.trainable else " (frozen)"),
+            f"{p.steps}/{p.max_steps}",
+            _fmt(p.latest_version),
+            f"{ev.accuracy:.3f} @v{ev.version}" if ev else "-",
+        ]
+        if tail:
+            rec = last.get(name, {})
+            row += [
+                _fmt(rec.get("reward_mean")),
+                _fmt(tail.samples_per_s(name), 1),
+                _fmt(rec.get("staleness_mean"), 2),
+            ]
+        row += [
+            str(p.buffer_groups),
+            str(p.buffer_samples),
+            str(p.unacked_batches),
+            _counts(p.staleness),
+            _counts(p.dropped),
+        ]
+        pol.add_row(*row)
+
     nodes = Table(title="rollout nodes", expand=True)
-    for col in ("node", "state", "versions", "episodes/s", "tokens/s", "leases"):
+    for col in (
+        "node",
+        "name",
+        "region",
+        "state",
+        "heartbeat",
+        "versions",
+        "leases",
+        "episodes",
+        "episodes/s",
+        "tokens/s",
+    ):
         nodes.add_column(col)
-    for n in st.get("nodes", []) or []:
-        m = n.get("metrics", {}) or {}
+    for n in st.nodes:
+        color = {"active": "green", "silent": "red", "left": "dim"}.get(n.state, "white")
         nodes.add_row(
-            str(n.get("name") or n.get("id")), str(n.get("state", "")),
-            " ".join(f"{k}:v{v}" for k, v in (n.get("versions") or {}).items()),
-            _fmt(n.get("episodes_per_s"), 1), _fmt(m.get("tokens_per_s"), 0), _fmt(n.get("active_leases")),
-        )  # fmt: skip
-    queue = sum((st.get("queue") or {}).values())
+            n.id,
+            n.name,
+            n.region,
+            f"[{color}]{n.state}[/]",
+            _age(n.seconds_since_heartbeat) + " ago",
+            " ".join(f"{k}:v{v}" for k, v in n.versions.items()),
+            str(n.active_leases),
+            str(n.episodes),
+            f"{n.episodes_per_s:.2f}",
+            _fmt(n.metrics.get("tokens_per_s"), 0),
+        )
+
+    parts: list[RenderableType] = [header, pol, nodes]
+    if st.evaluations:
+        table = Table(title="evaluations", expand=True)
+        for col in ("policy", "version", "step", "task set", "progress", "accuracy", "errors"):
+            table.add_column(col)
+        for e in st.evaluations:
+            table.add_row(
+                e.policy,
+                str(e.version),
+                str(e.step),
+                f"{e.task_set}/{e.split}",
+                f"{e.completed}/{e.num_tasks}" + (" done" if e.done else ""),
+                _fmt(e.accuracy),
+                str(e.errors),
+            )
+        parts.append(table)
+    return Group(*parts)
+
+
+def render_status(
+    st: DataflowStatus | None,
+    services: list,
+    run_dir: str,
+    started: float,
+    tail: MetricsTail | None = None,
+) -> Panel:
+    """The launcher's live view: :func:`render` under a line with the elapsed time and the state
+    of each process the launcher started."""
+    if st is None:
+        return Panel("waiting for the dataflow service…", title=f"astraflow · {run_dir}")
     procs = "  ".join(
         f"{s.name}:{'up' if s.alive() else f'exit {s.returncode()}'}" for s in services
     )
-    head = (
-        f"elapsed {elapsed:5.0f}s · mode {st.get('mode')} · tasks queued {queue} · leased "
-        f"{st.get('in_flight_leases', 0)} · done {st.get('tasks_done', 0)} · episodes/s "
-        f"{st.get('episodes_per_s', 0):.1f}\n{procs}"
-    )
-    return Panel(Group(head, pol, nodes), title=f"astraflow · {run_dir}")
+    head = f"elapsed {time.time() - started:5.0f}s · {procs}"
+    return Panel(Group(head, render(st, tail)), title=f"astraflow · {run_dir}")
 
 
-def status_line(st: dict | None, elapsed: float, tail: MetricsTail | None = None) -> str:
+def status_line(st: DataflowStatus | None, elapsed: float, tail: MetricsTail | None = None) -> str:
     """One plain line per update, for logs and non-terminal output."""
-    if not st:
+    if st is None:
         return f"[{elapsed:6.0f}s] waiting for the dataflow service"
     last = tail.poll() if tail else {}
     evals = latest_evals(st)
     parts = []
-    for name, p in sorted((st.get("policies") or {}).items()):
-        rec = last.get(name, {})
-        reward = rec.get("reward_mean")
+    for name, p in sorted(st.policies.items()):
+        reward = last.get(name, {}).get("reward_mean")
         ev = evals.get(name)
         parts.append(
-            f"{name}: step {p.get('steps', 0)}/{p.get('max_steps')} v{p.get('latest_version')}"
+            f"{name}: step {p.steps}/{p.max_steps} v{_fmt(p.latest_version)}"
             + (f" reward {reward:.3f}" if isinstance(reward, (int, float)) else "")
-            + (f" eval {ev['accuracy']:.3f}@v{ev['version']}" if ev else "")
+            + (f" eval {ev.accuracy:.3f}@v{ev.version}" if ev else "")
         )
     return f"[{elapsed:6.0f}s] " + " | ".join(parts)

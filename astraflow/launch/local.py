@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from astraflow.launch.processes import Service, astraflow_argv, service_env
 from astraflow.launch.security import RunSecurity
 from astraflow.launch.supervision import RestartBudget, RestartLog
 from astraflow.launch.tracking import Tracker, TrackerUnavailable, open_tracker
+from astraflow.protocol.client import DataflowClientError, SyncDataflowClient
+from astraflow.protocol.status import DataflowStatus
 from astraflow.recipe import Recipe, load_recipe, recipe_to_toml
 
 
@@ -71,6 +71,7 @@ class LocalLauncher:
         self._env: dict[str, str] = {}
         #: forwards metrics.jsonl to the recipe's [logging] backends (None: no backends)
         self.tracker: Tracker | None = None
+        self._client: SyncDataflowClient | None = None
 
     # ------------------------------------------------------------------ start
     def start(self) -> RunHandle:
@@ -208,10 +209,9 @@ class LocalLauncher:
         deadline = time.time() + self.startup_timeout_s
         while time.time() < deadline:
             try:
-                r = httpx.get(f"{url}/healthz", timeout=2.0, verify=self._verify())
-                if r.status_code == 200:
-                    return
-            except httpx.HTTPError:
+                self.dataflow().healthz()
+                return
+            except DataflowClientError:
                 pass
             if not svc.alive():
                 raise LaunchError(f"dataflow service exited during start-up:\n{svc.tail()}")
@@ -220,28 +220,33 @@ class LocalLauncher:
             f"dataflow service at {url} not healthy within {self.startup_timeout_s:.0f}s"
         )
 
-    def _verify(self):
-        return self.security.verify if self.security else True
+    def dataflow(self) -> SyncDataflowClient:
+        """The launcher's client of the run's dataflow service (run secret, the run's CA). One
+        attempt per call: the watch loop calls again anyway."""
+        assert self.handle and self.security
+        if self._client is None:
+            self._client = SyncDataflowClient(
+                self.handle.url,
+                self.token,
+                timeout=5.0,
+                retries=0,
+                ca_file=self.security.client_ca_file,
+            )
+        return self._client
 
     # ------------------------------------------------------------------ watch
-    def status(self, wait_done_s: float = 0.0) -> dict | None:
-        """The service's status; with ``wait_done_s``, answered as soon as the run is done."""
+    def status(self, wait_done_s: float = 0.0) -> DataflowStatus | None:
+        """The service's status (None while it cannot be had); with ``wait_done_s``, answered as
+        soon as the run is done."""
         assert self.handle
         try:
-            r = httpx.get(
-                f"{self.handle.url}/status",
-                params={"wait_done_s": wait_done_s} if wait_done_s > 0 else None,
-                headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json"},
-                timeout=5.0 + wait_done_s,
-                verify=self._verify(),
-            )
-            return r.json() if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
+            return self.dataflow().status(wait_done_s)
+        except DataflowClientError:
             return None
 
     def wait(
         self,
-        on_status: Callable[[dict | None, list[Service]], None] | None = None,
+        on_status: Callable[[DataflowStatus | None, list[Service]], None] | None = None,
         poll_s: float = 1.0,
         timeout_s: float | None = None,
     ) -> str:
@@ -268,9 +273,7 @@ class LocalLauncher:
             nodes = self.handle.by_prefix("node-")
             # Training is over once the trainers exit; the run is over once the final evaluations
             # ran too (the service then says done and the nodes leave), or after a grace period.
-            if trained and (
-                (st and st.get("done")) or (nodes and all(not n.alive() for n in nodes))
-            ):
+            if trained and ((st and st.done) or (nodes and all(not n.alive() for n in nodes))):
                 return "done"
             if trained_at is not None and time.time() - trained_at > self.eval_grace_s:
                 return "done"
@@ -302,13 +305,13 @@ class LocalLauncher:
             self._restart(name)
         return None
 
-    def _pause(self, st: dict | None, trainers: list[Service], poll_s: float) -> None:
+    def _pause(self, st: DataflowStatus | None, trainers: list[Service], poll_s: float) -> None:
         """Until the next thing that can end the run, at most ``poll_s`` (the live view's refresh
         and the crash checks run at least that often). Before the service says done, that is a
         long poll it answers the moment the run is done; after, the trainers' exits (a process
         wait, not a timer)."""
         alive = [t for t in trainers if t.alive() and t.proc is not None]
-        if not (st and st.get("done")):
+        if not (st and st.done):
             t0 = time.time()
             if self.status(wait_done_s=poll_s) is None:  # service unreachable: plain pause
                 time.sleep(max(0.0, poll_s - (time.time() - t0)))
@@ -336,6 +339,9 @@ class LocalLauncher:
         if self.tracker is not None:
             self.tracker.close()
             self.tracker = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
         return codes
 
 

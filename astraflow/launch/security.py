@@ -4,8 +4,8 @@ Why a module of its own: the launcher starts each service with the token of its 
 ``security.tls``, with a certificate (servers) and the CA (clients). All of that is environment
 for the child processes (``ASTRAFLOW_TOKEN``, ``ASTRAFLOW_TLS_CERT``/``_KEY``,
 ``ASTRAFLOW_CA_FILE``, read by ``astraflow serve`` as defaults of its flags), so the launcher only
-asks :meth:`RunSecurity.env` for each service's environment and passes ``verify`` to its own
-status calls; how a service is started or restarted stays the launcher's business.
+asks :meth:`RunSecurity.env` for each service's environment and gives its own client
+``client_ca_file``; how a service is started or restarted stays the launcher's business.
 
 The secret lives in ``run_dir/run.secret`` (mode 0600) and is reused by ``--resume``, so role
 tokens handed to remote nodes stay valid for the whole run; ``astraflow token --role node
@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import os
 import secrets
-import ssl
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 from astraflow.protocol.auth import ADMIN, NODE, TRAINER, derive_token
-from astraflow.protocol.tls import CA_ENV, CERT_ENV, KEY_ENV, ServerTLS, client_verify
+from astraflow.protocol.tls import CA_ENV, CERT_ENV, KEY_ENV, ServerTLS
 from astraflow.recipe import Recipe
 
 SECRET_FILE = "run.secret"
@@ -111,7 +109,7 @@ class RunSecurity:
             env[CA_ENV] = str(self.ca_file)
         return env
 
-    @cached_property
-    def verify(self) -> ssl.SSLContext | bool:
-        """``verify=`` for the launcher's own calls to the dataflow service."""
-        return client_verify(self.ca_file) if self.tls is not None and self.ca_file else True
+    @property
+    def client_ca_file(self) -> str | None:
+        """The CA the launcher's own client verifies the dataflow service against (with TLS)."""
+        return str(self.ca_file) if self.tls is not None and self.ca_file else None

@@ -41,6 +41,7 @@ from astraflow.protocol.models import (
     WeightVersion,
     new_id,
 )
+from astraflow.protocol.status import DataflowStatus, NodeStatus, PolicyStatus
 from astraflow.protocol.weights import WeightCacheStats
 
 __all__ = [
@@ -78,6 +79,9 @@ __all__ = [
     "Trajectory",
     "WeightVersion",
     "WeightCacheStats",
+    "DataflowStatus",
+    "NodeStatus",
+    "PolicyStatus",
     "new_id",
     "TokenDigests",
 ]

@@ -45,6 +45,7 @@ from astraflow.protocol.messages import (
     TrajectoryPush,
 )
 from astraflow.protocol.models import WeightVersion, new_id
+from astraflow.protocol.status import DataflowStatus
 from astraflow.protocol.tls import client_verify, tls_failure
 from astraflow.recipe.schema import Recipe
 
@@ -100,7 +101,7 @@ class _Call:
 
 def _status_call(wait_done_s: float) -> _Call:
     params = {"wait_done_s": repr(float(wait_done_s))} if wait_done_s > 0 else None
-    return _Call("GET", "/status", params=params, extra_timeout=wait_done_s)
+    return _Call("GET", "/status", reply=DataflowStatus, params=params, extra_timeout=wait_done_s)
 
 
 def _model(cls: type[M], obj: M | None, fields: dict[str, Any]) -> M:
@@ -348,7 +349,7 @@ class DataflowClient(_ClientBase):
     async def evaluation(self, eval_id: str) -> EvaluationResult:
         return await self._execute(_Call("GET", f"/evaluations/{eval_id}", reply=EvaluationResult))
 
-    async def status(self, wait_done_s: float = 0.0) -> dict:
+    async def status(self, wait_done_s: float = 0.0) -> DataflowStatus:
         """``GET /status``; with ``wait_done_s``, answered as soon as the run is done (or then)."""
         return await self._execute(_status_call(wait_done_s))
 
@@ -465,7 +466,7 @@ class SyncDataflowClient(_ClientBase):
     def evaluation(self, eval_id: str) -> EvaluationResult:
         return self._execute(_Call("GET", f"/evaluations/{eval_id}", reply=EvaluationResult))
 
-    def status(self, wait_done_s: float = 0.0) -> dict:
+    def status(self, wait_done_s: float = 0.0) -> DataflowStatus:
         """``GET /status``; with ``wait_done_s``, answered as soon as the run is done (or then)."""
         return self._execute(_status_call(wait_done_s))
 

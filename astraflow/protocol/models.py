@@ -1,6 +1,7 @@
 """The data model every component shares: tasks, leases, episodes, samples, groups, batches, versions.
 
-These are the only types that cross component boundaries (see ARCHITECTURE.md, "Data model").
+These, with the bodies in ``messages``, ``status`` and ``weights``, are the only types that cross
+component boundaries (see docs/architecture.md, "Data model").
 Token-in/token-out: sequences are token ids produced by the rollout engine; the trainer never
 re-tokenizes text, so the behaviour log-probs always refer to the tokens it trains on.
 """

@@ -25,9 +25,11 @@ from astraflow.protocol import (
     TrajectoryPush,
     new_id,
 )
-from astraflow.rollout.engines.base import SamplingParams
+from astraflow.protocol.client import DataflowClient, ServiceUnreachable
+from astraflow.rollout.engines.base import Engine, EngineDeadError, SamplingParams, WeightUpdate
 from astraflow.rollout.env_runner import EnvCallTimeout, EnvRunner
 from astraflow.rollout.workflows.base import RolePolicy, WorkflowSpec
+from astraflow.weights.delta import DeltaError
 
 log = logging.getLogger("astraflow.rollout.node")
 
@@ -41,7 +43,7 @@ class ServedPolicy:
     """One policy this node serves: its engine and default sampling."""
 
     name: str
-    engine: Any
+    engine: Engine
     sampling: SamplingParams
     trainable: bool = True
 
@@ -86,7 +88,6 @@ class NodeSettings:
     region: str = "local"
     #: workflow kwargs from the recipe (max_turns, system prompt ...)
     workflow_kwargs: dict[str, Any] = field(default_factory=dict)
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
     #: role -> policy name (recipe.workflow.roles)
     roles: dict[str, str] = field(default_factory=dict)
     #: this node restarts a crashed one of the same name (see NodeRegistration.replace)
@@ -111,13 +112,17 @@ class RolloutNode:
 
     def __init__(
         self,
-        client: Any,
+        client: DataflowClient,
         policies: Mapping[str, ServedPolicy],
         workflows: Callable[[str], WorkflowSpec],
         make_env: Callable[[str, dict[str, Any]], Any] | EnvRunner,
         settings: NodeSettings,
-        weight_fetcher: Callable[[str, str, int, int], Any] | None = None,
+        weight_fetcher: Callable[[str, str, int | None, int], WeightUpdate] | None = None,
     ):
+        """``make_env(env_id, kwargs)`` builds an environment (the recipe's ``tasks.env_kwargs``
+        are the factory's business, as in :func:`astraflow.rollout.service.run_node`);
+        ``weight_fetcher(policy, location, have_version, want_version)`` returns the update that
+        takes an engine from ``have_version`` (None: from nothing) to ``want_version``."""
         self.client = client
         self.policies = dict(policies)
         self.workflows = workflows
@@ -359,10 +364,7 @@ class RolloutNode:
                 try:
                     await served.engine.load_weights(update)
                 except Exception as exc:
-                    if (
-                        type(exc).__name__ == "DeltaError"
-                        and getattr(update, "delta", None) is not None
-                    ):
+                    if isinstance(exc, DeltaError) and update.delta is not None:
                         # The engine's weights are not the delta's parent (e.g. a dtype cast):
                         # fall back to the full snapshot, which needs no parent.
                         log.warning(
@@ -387,7 +389,7 @@ class RolloutNode:
                     name,
                     have,
                     want,
-                    "delta" if getattr(update, "delta", None) is not None else "full",
+                    "delta" if update.delta is not None else "full",
                     done - t0,
                     fetched - t0,
                     done - fetched,
@@ -436,7 +438,7 @@ class RolloutNode:
             # news since the request was sent (a heartbeat may have brought it to self.latest
             # meanwhile; the service answered because the request had not seen it)
             news = any(known.get(n) != v for n, v in grant.latest_versions.items())
-            self._note_versions(grant.latest_versions, getattr(grant, "weight_locations", None))
+            self._note_versions(grant.latest_versions, grant.weight_locations)
             if grant.done:
                 # wait for in-flight work (each task leaves _in_flight when it ends), then leave
                 while self._in_flight:
@@ -518,7 +520,7 @@ class RolloutNode:
             try:
                 return await self.client.push(push)
             except Exception as exc:
-                if type(exc).__name__ != "ServiceUnreachable" or time.monotonic() >= deadline:
+                if not isinstance(exc, ServiceUnreachable) or time.monotonic() >= deadline:
                     raise
                 log.warning("push for %s failed (%s); retrying", push.lease_id, exc)
                 await asyncio.sleep(delay)
@@ -539,7 +541,7 @@ class RolloutNode:
             served = self.policies[roles[role]]
             sampling = replace(served.sampling, priority=started)
             by_role[role] = RolePolicy(served.name, served.engine, sampling, served.trainable)
-        kwargs = {**spec.defaults, **self.settings.workflow_kwargs, **self.settings.env_kwargs}
+        kwargs = {**spec.defaults, **self.settings.workflow_kwargs}
         episodes = await asyncio.gather(
             *(self._one_episode(spec, task, by_role, kwargs) for _ in range(task.group_size))
         )
@@ -570,9 +572,10 @@ class RolloutNode:
             )
 
 
-#: Exceptions that mean the engine itself is gone (not that one request was bad). Matched by class
-#: name along the MRO, so the node does not import every engine backend (torch, vllm ...).
-ENGINE_DEAD_ERRORS = frozenset({"EngineDeadError", "EngineFailure", "EngineClosedError"})
+#: Exceptions that mean the engine itself is gone (not that one request was bad). Backends raise a
+#: subclass of :class:`EngineDeadError` (the transformers engine's ``EngineClosedError``), so the
+#: node matches by class without importing every backend (torch, vllm ...).
+ENGINE_DEAD_ERRORS: tuple[type[BaseException], ...] = (EngineDeadError, EngineFailure)
 
 
 def _is_engine_dead(exc: BaseException) -> bool:
@@ -581,7 +584,7 @@ def _is_engine_dead(exc: BaseException) -> bool:
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
-        if any(cls.__name__ in ENGINE_DEAD_ERRORS for cls in type(cur).__mro__):
+        if isinstance(cur, ENGINE_DEAD_ERRORS):
             return True
         cur = cur.__cause__ or cur.__context__
     return False

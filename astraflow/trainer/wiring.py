@@ -105,7 +105,7 @@ def _wait_for_run_end(client, policy: str, wait_s: float = 30.0) -> None:
     log.info("%s finished training; serving its weights until the run is done", policy)
     while True:
         try:
-            if client.status(wait_done_s=wait_s).get("done"):
+            if client.status(wait_done_s=wait_s).done:
                 return
         except Exception as exc:  # the service is gone: nobody needs the weights any more
             log.info("stopping the weight server: %s", exc)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,7 +35,8 @@ def resolve_bench_model(tmp: Path) -> tuple[Path, str]:
 
         return Path(resolve_model("builtin:tiny-arith")), "builtin:tiny-arith"
     except Exception:  # noqa: BLE001 - fall back to a random model of the same family
-        from astraflow.rollout.engines.testing import build_random_tiny_model
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
+        from tiny_random_model import build_random_tiny_model
 
         return build_random_tiny_model(tmp / "tiny", hidden_size=128, num_layers=4), "random tiny"
 

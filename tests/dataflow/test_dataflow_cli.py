@@ -63,3 +63,27 @@ def test_serve_refuses_to_start_without_token(tmp_path):
         env=env,
     )
     assert out.returncode == 1 and "no run token" in out.stderr
+
+
+def test_recipe_logging_level_sets_the_service_log_level(tmp_path):
+    """``logging.level`` is the service's level unless ``--log-level`` says otherwise (uvicorn's
+    start-up lines are info)."""
+    startup = b"Application startup complete"
+    quiet = make_recipe(tmp_path, logging={"level": "warning"})
+    with ServiceProcess(quiet, tmp_path / "quiet", tmp_path / "quiet.db") as svc:
+        pass
+    assert startup not in (svc.workdir / "service.log").read_bytes()
+    loud = make_recipe(tmp_path, logging={"level": "info"})
+    with ServiceProcess(loud, tmp_path / "loud", tmp_path / "loud.db") as svc:
+        pass
+    assert startup in (svc.workdir / "service.log").read_bytes()
+    with ServiceProcess(
+        loud, tmp_path / "flag", tmp_path / "flag.db", extra_args=["--log-level", "warning"]
+    ) as svc:
+        pass
+    assert startup not in (svc.workdir / "service.log").read_bytes()
+    recipe = tmp_path / "bad.toml"
+    recipe.write_text((tmp_path / "flag" / "recipe.toml").read_text())
+    bad = _cli("serve", "dataflow", "--recipe", str(recipe), "--log-level", "loud",
+               env={"ASTRAFLOW_TOKEN": TOKEN})  # fmt: skip
+    assert bad.returncode != 0 and "--log-level must be one of debug, info" in bad.stderr

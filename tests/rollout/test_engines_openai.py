@@ -8,12 +8,12 @@ import math
 
 import httpx
 import pytest
+from tiny_random_model import build_random_tiny_model
 
 from astraflow.rollout.engines import SamplingParams, WeightUpdate, make_engine
 from astraflow.rollout.engines.completions_api import CompletionsAPIError
 from astraflow.rollout.engines.openai_engine import OpenAIEngine
 from astraflow.rollout.engines.openai_server import BackgroundServer, create_app
-from astraflow.rollout.engines.testing import build_random_tiny_model
 from astraflow.rollout.engines.transformers_engine import TransformersEngine
 
 KEY = "test-key"

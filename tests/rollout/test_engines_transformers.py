@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 import torch
+from tiny_random_model import build_random_tiny_model
 
 from astraflow.rollout.engines import SamplingParams, WeightUpdate, make_engine
-from astraflow.rollout.engines.testing import build_random_tiny_model
 from astraflow.rollout.engines.transformers_engine import TransformersEngine
 from astraflow.rollout.engines.weight_apply import WeightUpdateError
 

@@ -85,13 +85,13 @@ def _run_node(df: Dataflow, policies, make_env, *, concurrency: int, **settings)
             client,
             policies,
             default_workflows().get,
-            make_env,
+            # the recipe's env kwargs go to the env factory, as in the service's make_env
+            lambda env_id, kw: make_env(env_id, {**recipe.tasks.env_kwargs, **kw}),
             NodeSettings(
                 concurrency=concurrency,
                 name="N",
                 workflow_kwargs={"max_turns": recipe.workflow.max_turns},
                 roles=dict(recipe.workflow.roles),
-                env_kwargs=dict(recipe.tasks.env_kwargs),
                 **settings,
             ),
         )

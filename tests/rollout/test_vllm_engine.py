@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_random_model import build_random_tiny_model
 
 from astraflow.rollout.engines import SamplingParams, WeightUpdate
-from astraflow.rollout.engines.testing import build_random_tiny_model
 from astraflow.rollout.engines.transformers_engine import TransformersEngine
 from astraflow.rollout.engines.vllm_engine import VllmEngine
 

@@ -1,6 +1,6 @@
 """Dataflow policy interfaces: small objects with one job, applied at a named stage.
 
-Stages (see ARCHITECTURE.md, "Dataflow policies"):
+Stages (see docs/architecture.md, "Dataflow service"):
 
 - ``selection``: which task runs next (ordering of pending tasks, mixing ratios across task sets);
 - ``ingestion``: what happens to a group when its last episode arrives (filters such as DAPO's

@@ -16,7 +16,14 @@ from typing import Any, Literal, Protocol, runtime_checkable
 # component, so what a node fetches goes straight to ``engine.load_weights``.
 from astraflow.weights.update import WeightUpdate
 
-__all__ = ["Engine", "Generation", "SamplingParams", "WeightUpdate"]
+__all__ = ["Engine", "EngineDeadError", "Generation", "SamplingParams", "WeightUpdate"]
+
+
+class EngineDeadError(RuntimeError):
+    """The engine itself is gone (closed, its worker or server died): no request on it can succeed.
+
+    Backends raise a subclass, so the rollout node tells a dead engine (stop taking work) from a
+    failed request (score the episode 0) by class, without importing any backend."""
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,12 @@ from typing import Any
 
 import torch
 
-from astraflow.rollout.engines.base import Generation, SamplingParams, WeightUpdate
+from astraflow.rollout.engines.base import (
+    EngineDeadError,
+    Generation,
+    SamplingParams,
+    WeightUpdate,
+)
 from astraflow.rollout.engines.continuous_batch import CausalLMRunner, DecodeState, SequenceRow
 from astraflow.rollout.engines.sampling import RowSampling, sample_next
 from astraflow.rollout.engines.weight_apply import apply_update_, check_update
@@ -34,7 +39,7 @@ from astraflow.rollout.engines.weight_apply import apply_update_, check_update
 log = logging.getLogger(__name__)
 
 
-class EngineClosedError(RuntimeError):
+class EngineClosedError(EngineDeadError):
     """The engine was closed while a request was waiting or running."""
 
 

@@ -1,0 +1,114 @@
+"""GET /status through the typed client, and the one renderer behind both live views.
+
+Against a real service on loopback: the client decodes the typed ``DataflowStatus`` (the JSON a
+raw HTTP reader gets is the same document), the launcher reads it through the client, and
+``astraflow status`` and the launcher's panel draw it with the same tables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import httpx
+import pytest
+from dataflow_helpers import TOKEN, ThreadedService, group, make_recipe
+from rich.console import Console
+
+from astraflow.launch.live import MetricsTail, render, render_status, status_line
+from astraflow.launch.local import LocalLauncher, RunHandle
+from astraflow.launch.processes import Service
+from astraflow.launch.security import RunSecurity
+from astraflow.protocol import DataflowStatus, NodeStatus, PolicyStatus
+from astraflow.protocol.client import SyncDataflowClient
+
+
+def _text(renderable) -> str:
+    console = Console(width=260, record=True, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+@pytest.fixture
+def running(tmp_path):
+    """A service with one node, 8 zero-variance samples dropped, 4 buffered, one evaluation."""
+    recipe = make_recipe(
+        tmp_path,
+        dataflow={"lease_timeout_s": 30.0, "policies": [{"name": "zero_variance_filter"}]},
+    )
+    with (
+        ThreadedService(recipe, tmp_path / "df.db") as svc,
+        SyncDataflowClient(svc.url, TOKEN, retries=0) as client,
+    ):
+        node = client.register(policies={"policy": 0}, name="box-1", region="eu").node_id
+        leases = client.lease(node_id=node, max_tasks=3, versions={"policy": 0}).leases
+        for lease, rewards in zip(leases, ([1] * 4, [0] * 4, [0, 1, 1, 0]), strict=True):
+            client.push(node_id=node, lease_id=lease.id, episodes=group(lease.task.id, rewards))
+        client.request_evaluation(policy="policy", version=0, num_tasks=5)
+        yield svc, client
+
+
+def test_client_status_is_typed_and_the_wire_document_is_unchanged(running):
+    svc, client = running
+    st = client.status()
+    assert isinstance(st, DataflowStatus)
+    assert isinstance(st.policies["policy"], PolicyStatus) and isinstance(st.nodes[0], NodeStatus)
+    assert st.policies["policy"].dropped == {"zero_variance": 8}
+    assert st.policies["policy"].buffer_samples == 4 and st.nodes[0].name == "box-1"
+    # readers written against the dict keep working: item access and .get, nested
+    assert st["policies"]["policy"]["dropped"] == {"zero_variance": 8}
+    assert st["nodes"][0]["region"] == "eu" and st.get("nope", 7) == 7 and "round" in st
+    with pytest.raises(KeyError):
+        st["nope"]
+    # a raw HTTP reader gets the same document as JSON
+    raw = httpx.get(
+        f"{svc.url}/status",
+        headers={"authorization": f"Bearer {TOKEN}", "accept": "application/json"},
+    ).json()
+    assert set(raw) == set(DataflowStatus.model_fields)
+    assert raw["policies"]["policy"]["dropped"] == {"zero_variance": 8}
+    assert DataflowStatus.model_validate(raw).nodes[0].id == st.nodes[0].id
+
+
+def test_launcher_reads_status_through_the_client(running, tmp_path):
+    svc, _ = running
+    launcher = LocalLauncher(make_recipe(tmp_path), tmp_path / "run")
+    launcher.handle = RunHandle(tmp_path / "run", svc.url, TOKEN)
+    launcher.security, launcher.token = RunSecurity(TOKEN), TOKEN
+    st = launcher.status()
+    assert isinstance(st, DataflowStatus) and st.nodes[0].name == "box-1"
+    launcher.stop()
+    # a wrong token or no service: no status (the watch loop carries on), not an exception
+    launcher.token = "wrong-token"
+    assert launcher.status() is None
+    launcher.stop()
+    launcher.handle.url, launcher.token = "http://127.0.0.1:9", TOKEN
+    assert launcher.status() is None
+    launcher.stop()
+
+
+def test_both_views_draw_the_same_tables(running, tmp_path):
+    _, client = running
+    st = client.status()
+    cli_view = _text(render(st))
+    for needle in ("policies", "rollout nodes", "box-1", "eu", "zero_variance:8", "evaluations"):
+        assert needle in cli_view, f"{needle!r} missing from:\n{cli_view}"
+    assert "0/5" in cli_view and "reward" not in cli_view  # no metrics without a run directory
+
+    metrics = tmp_path / "metrics.jsonl"
+    step = {"type": "step", "policy": "policy", "time": 1.0, "samples": 8, "reward_mean": 0.625}
+    metrics.write_text(json.dumps(step) + "\n" + json.dumps({**step, "time": 3.0}) + "\n")
+
+    done = Service("node-0", [sys.executable, "-c", "pass"], tmp_path / "node-0.log")
+    done.start(dict(os.environ)).proc.wait(timeout=60)
+    panel = _text(render_status(st, [done], "runs/x", started=0.0, tail=MetricsTail(metrics)))
+    assert "node-0:exit 0" in panel and "runs/x" in panel
+    for needle in ("box-1", "eu", "zero_variance:8", "evaluations", "0/5"):
+        assert needle in panel, f"{needle!r} missing from:\n{panel}"
+    assert "reward" in panel and "0.625" in panel  # the newest step's reward
+    assert "8.0" in panel  # samples/s: 16 samples over 2 s
+    line = status_line(st, 12.0, MetricsTail(metrics))
+    assert "policy: step 0/5 v-" in line and "reward 0.625" in line
+    waiting = _text(render_status(None, [], "runs/x", started=0.0))
+    assert "waiting for the dataflow service" in waiting
