@@ -20,6 +20,7 @@ import httpx
 from astraflow.launch.processes import Service, astraflow_argv, service_env
 from astraflow.launch.security import RunSecurity
 from astraflow.launch.supervision import RestartBudget, RestartLog
+from astraflow.launch.trainer_command import trainer_argv
 from astraflow.recipe import Recipe, load_recipe, recipe_to_toml
 
 
@@ -127,20 +128,11 @@ class LocalLauncher:
     def _trainer(self, policy: str, resume: bool) -> Service:
         assert self.handle
         rd = self.run_dir
-        argv = astraflow_argv(
-            "serve",
-            "trainer",
-            "--recipe",
-            str(rd / "recipe.toml"),
-            "--policy",
-            policy,
-            "--join",
-            self.handle.url,
-            "--run-dir",
-            str(rd),
-        )
-        if resume:
-            argv.append("--resume")
+        try:
+            argv = trainer_argv(self.recipe, rd / "recipe.toml", policy, self.handle.url, rd,
+                                resume=resume)  # fmt: skip
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from exc
         return Service(f"trainer-{policy}", argv, rd / "logs" / f"trainer-{policy}.log")
 
     def _node(self, i: int, replace: bool = False) -> Service:
