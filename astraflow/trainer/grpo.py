@@ -705,6 +705,9 @@ def make_grpo_config(
         shuffle_dataset=False,
         dataloader_num_workers=0,
         log_completions=False,
+        # every parameter takes part in every forward (LoRA: frozen ones need no gradient), so
+        # DDP need not traverse the graph for unused ones each step
+        ddp_find_unused_parameters=False,
     )
     # The new name, set explicitly: TRL's config defaults the deprecated alias to True.
     kwargs["activation_checkpointing"] = cfg.gradient_checkpointing

@@ -81,6 +81,7 @@ def serve_trainer(
         store.discard_from(policy, version + 1)
         written = store.publish(policy, version, state)
         store.gc(policy, keep)
+        log.info("published %s v%d", policy, version)
         return written
 
     def on_step(report) -> None:
