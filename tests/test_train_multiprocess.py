@@ -113,4 +113,3 @@ def test_processes_must_be_positive():
     root = Path(__file__).resolve().parents[1]
     with pytest.raises(RecipeError, match="processes"):
         load_recipe(root / "recipes" / "quickstart.toml", ["policies.policy.trainer.processes=0"])
-

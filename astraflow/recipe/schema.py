@@ -76,7 +76,9 @@ class LoraConfig(Section):
     @classmethod
     def _not_empty(cls, value: list[str] | str) -> list[str] | str:
         if isinstance(value, list) and not value:
-            raise ValueError('must name at least one module (e.g. ["q_proj", "v_proj"]) or be "all-linear"')
+            raise ValueError(
+                'must name at least one module (e.g. ["q_proj", "v_proj"]) or be "all-linear"'
+            )
         return value
 
 

@@ -50,7 +50,10 @@ def main(out_dir: Path, tag: str, optim: str) -> None:
                             max_steps=STEPS, publish=lambda v, sd: published.append(v))  # fmt: skip
     version = trainer.run(resume=False)
     acc = trainer.accelerator
-    state = {k: v.detach().contiguous().clone() for k, v in acc.unwrap_model(trainer.model).state_dict().items()}
+    state = {
+        k: v.detach().contiguous().clone()
+        for k, v in acc.unwrap_model(trainer.model).state_dict().items()
+    }
     rank = acc.process_index
     save_file(state, str(out_dir / f"{tag}-rank{rank}.safetensors"))
     (out_dir / f"{tag}-rank{rank}.json").write_text(json.dumps({

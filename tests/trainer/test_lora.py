@@ -107,3 +107,19 @@ def test_export_rejects_a_folder_that_is_no_checkpoint(tmp_path: Path):
 
     with pytest.raises(ValueError, match="neither a model"):
         export_checkpoint(tmp_path, tmp_path / "out")
+
+
+def test_cli_export_of_a_run_directory_merges_the_newest_adapter(lora_run):
+    from transformers import AutoModelForCausalLM
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    out = lora_run["tmp"] / "cli-export"
+    result = CliRunner().invoke(app, ["export", str(lora_run["tmp"] / "run"), str(out)])
+    assert result.exit_code == 0, result.output
+    assert "checkpoint-3" in result.output
+    merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+    published = lora_run["store"].load_state(POLICY, 3)
+    for k, v in published.items():
+        torch.testing.assert_close(merged[k], v, rtol=0, atol=1e-6)
