@@ -123,3 +123,32 @@ def test_cli_export_of_a_run_directory_merges_the_newest_adapter(lora_run):
     published = lora_run["store"].load_state(POLICY, 3)
     for k, v in published.items():
         torch.testing.assert_close(merged[k], v, rtol=0, atol=1e-6)
+
+
+def test_resume_loads_the_adapter_checkpoint(lora_run, tiny_model_path, tiny_policy):
+    """A restarted LoRA trainer starts from the adapter in checkpoint-3: the version it
+    publishes on start is the one the first run published at step 3, and it goes on to step 4."""
+    _, tok = tiny_policy
+    from transformers import AutoModelForCausalLM
+
+    sampler = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
+    sampler.load_state_dict(lora_run["store"].load_state(POLICY, 3))
+
+    def producer(policy, num_groups, version):
+        groups = [
+            rollout_group(sampler, tok, q, a, policy=policy, group_size=4, version=version)
+            for q, a in arith_prompts(num_groups, seed=version)
+        ]
+        return make_batch(groups, policy, version)
+
+    published: dict[int, dict[str, torch.Tensor]] = {}
+    cfg = TrainerConfig(groups_per_step=3, learning_rate=5e-3, checkpoint_every=3,
+                        lora=LoraConfig(r=4, alpha=8, target_modules=TARGETS))  # fmt: skip
+    resumed = build_trainer(tiny_model_path, cfg, InProcessBatchSource(producer=producer),
+                            lora_run["tmp"] / "run", POLICY, max_steps=4,
+                            publish=lambda v, sd: published.setdefault(v, dict(sd)))  # fmt: skip
+    assert resumed.run(resume=True) == 4
+    assert sorted(published) == [3, 4]
+    first = lora_run["store"].load_state(POLICY, 3)
+    for k, v in first.items():
+        torch.testing.assert_close(published[3][k], v, rtol=0, atol=1e-7)
