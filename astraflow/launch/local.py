@@ -20,7 +20,7 @@ import httpx
 from astraflow.launch.processes import Service, astraflow_argv, service_env
 from astraflow.launch.security import RunSecurity
 from astraflow.launch.supervision import RestartBudget, RestartLog
-from astraflow.launch.trainer_command import trainer_argv
+from astraflow.launch.trainer_command import check_trainer_launch, trainer_argv
 from astraflow.recipe import Recipe, load_recipe, recipe_to_toml
 
 
@@ -73,6 +73,12 @@ class LocalLauncher:
     # ------------------------------------------------------------------ start
     def start(self) -> RunHandle:
         rd = self.run_dir
+        # a trainer that cannot start fails the run before anything is written or started
+        for policy in self.recipe.trainable_policies():
+            try:
+                check_trainer_launch(self.recipe, policy)
+            except ValueError as exc:
+                raise LaunchError(str(exc)) from exc
         rd.mkdir(parents=True, exist_ok=True)
         (rd / "logs").mkdir(exist_ok=True)
         recipe_path = rd / "recipe.toml"

@@ -15,6 +15,7 @@ acknowledges them and serves/publishes weights (:mod:`astraflow.trainer.wiring`)
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,8 +38,9 @@ def trainer_argv(
     dataflow service at ``dataflow_url``, writing checkpoints and weights under ``run_dir``.
 
     ``extra_args`` are appended to ``serve trainer`` (e.g. ``--weights-host``). Raises
-    ``ValueError`` naming the key when the accelerate config file does not exist.
+    ``ValueError`` naming the key when :func:`check_trainer_launch` finds a problem.
     """
+    check_trainer_launch(recipe, policy)
     spec = recipe.policies[policy].trainer
     serve = ["-m", "cli.main", "serve", "trainer", "--recipe", str(recipe_path),
              "--policy", policy, "--join", dataflow_url, "--run-dir", str(run_dir)]  # fmt: skip
@@ -47,11 +49,6 @@ def trainer_argv(
     serve += list(extra_args)
     if spec.accelerate_config is not None:
         config = Path(spec.accelerate_config).expanduser().resolve()
-        if not config.is_file():
-            raise ValueError(
-                f"policies.{policy}.trainer.accelerate_config: {config} is not a file; expected "
-                "an accelerate config (e.g. written by `accelerate config`)"
-            )
         launch = [python, "-m", "accelerate.commands.launch", "--config_file", str(config),
                   "--num_processes", str(spec.processes)]  # fmt: skip
         return [*launch, *serve]
@@ -60,3 +57,21 @@ def trainer_argv(
                   "--nproc_per_node", str(spec.processes)]  # fmt: skip
         return [*launch, *serve]
     return [python, *serve]
+
+
+def check_trainer_launch(recipe: Recipe, policy: str) -> None:
+    """What would make ``policy``'s trainer fail at start, found before anything starts: a missing
+    accelerate config file, LoRA without peft installed. ``ValueError`` names the recipe key."""
+    spec = recipe.policies[policy].trainer
+    if spec.accelerate_config is not None:
+        config = Path(spec.accelerate_config).expanduser().resolve()
+        if not config.is_file():
+            raise ValueError(
+                f"policies.{policy}.trainer.accelerate_config: {config} is not a file; expected "
+                "an accelerate config (e.g. written by `accelerate config`)"
+            )
+    if spec.lora is not None and importlib.util.find_spec("peft") is None:
+        raise ValueError(
+            f"policies.{policy}.trainer.lora needs peft, which is not installed; install the "
+            "extra with `pip install 'astraflow[lora]'` (or `pip install peft`)"
+        )
