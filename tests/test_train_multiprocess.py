@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,19 @@ def test_processes_must_be_positive():
     root = Path(__file__).resolve().parents[1]
     with pytest.raises(RecipeError, match="processes"):
         load_recipe(root / "recipes" / "quickstart.toml", ["policies.policy.trainer.processes=0"])
+
+
+def test_missing_accelerate_config_fails_before_anything_starts(tmp_path):
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    missing = tmp_path / "missing.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "cli.main", "train", "recipes/quickstart.toml", "--no-live",
+         "--set", f"run.output_dir={json.dumps(str(tmp_path / 'runs'))}",
+         "--set", f"policies.policy.trainer.accelerate_config={json.dumps(str(missing))}"],
+        cwd=root, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "policies.policy.trainer.accelerate_config" in proc.stdout + proc.stderr
+    assert not (tmp_path / "runs").exists()  # no run directory, no service started
