@@ -8,7 +8,20 @@ from __future__ import annotations
 
 import typer
 
-from cli import certs, envs, models, recipe, report, sandbox, serve, status, tasks, token, train
+from cli import (
+    certs,
+    envs,
+    export,
+    models,
+    recipe,
+    report,
+    sandbox,
+    serve,
+    status,
+    tasks,
+    token,
+    train,
+)
 from cli import eval as eval_cmd
 
 app = typer.Typer(
@@ -31,6 +44,9 @@ app.add_typer(
 )
 app.command("report", help="Plots and summary of a run directory.")(report.report)
 app.add_typer(certs.app, name="certs", help="Create a CA and server certificate for HTTPS.")
+app.command("export", help="A trainer checkpoint as a standalone model (LoRA merged).")(
+    export.export
+)
 app.command("token", help="Print a role-scoped token (node, trainer, admin) of a run.")(token.token)
 
 

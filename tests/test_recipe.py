@@ -247,3 +247,22 @@ def test_cli_recipe_show_is_valid_toml_with_overrides():
     as_json = runner.invoke(app, ["recipe", "show", str(QUICKSTART), "--json"])
     assert as_json.exit_code == 0
     assert Recipe.model_validate_json(as_json.stdout) == load_recipe(QUICKSTART)
+
+
+def test_trainer_lora_and_processes_keys_validate_with_named_errors():
+    from astraflow.recipe import RecipeError, load_recipe
+
+    qs = Path(__file__).resolve().parents[1] / "recipes" / "quickstart.toml"
+    recipe = load_recipe(qs, ['policies.policy.trainer.lora={r=4, target_modules=["q_proj"]}',
+                              "policies.policy.trainer.processes=2"])  # fmt: skip
+    trainer = recipe.policies["policy"].trainer
+    assert trainer.processes == 2 and trainer.lora is not None
+    assert (trainer.lora.r, trainer.lora.alpha, trainer.lora.target_modules) == (
+        4,
+        16.0,
+        ["q_proj"],
+    )
+    with pytest.raises(RecipeError, match=r"lora.*target_modules.*at least one module"):
+        load_recipe(qs, ["policies.policy.trainer.lora={target_modules=[]}"])
+    with pytest.raises(RecipeError, match=r"lora"):
+        load_recipe(qs, ["policies.policy.trainer.lora={rank=4}"])  # the key is r

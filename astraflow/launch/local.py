@@ -19,6 +19,7 @@ from astraflow.launch.processes import Service, astraflow_argv, service_env
 from astraflow.launch.security import RunSecurity
 from astraflow.launch.supervision import RestartBudget, RestartLog
 from astraflow.launch.tracking import Tracker, TrackerUnavailable, open_tracker
+from astraflow.launch.trainer_command import check_trainer_launch, trainer_argv
 from astraflow.protocol.client import DataflowClientError, SyncDataflowClient
 from astraflow.protocol.status import DataflowStatus
 from astraflow.recipe import Recipe, load_recipe, recipe_to_toml
@@ -76,6 +77,12 @@ class LocalLauncher:
     # ------------------------------------------------------------------ start
     def start(self) -> RunHandle:
         rd = self.run_dir
+        # a trainer that cannot start fails the run before anything is written or started
+        for policy in self.recipe.trainable_policies():
+            try:
+                check_trainer_launch(self.recipe, policy)
+            except ValueError as exc:
+                raise LaunchError(str(exc)) from exc
         rd.mkdir(parents=True, exist_ok=True)
         (rd / "logs").mkdir(exist_ok=True)
         recipe_path = rd / "recipe.toml"
@@ -135,20 +142,11 @@ class LocalLauncher:
     def _trainer(self, policy: str, resume: bool) -> Service:
         assert self.handle
         rd = self.run_dir
-        argv = astraflow_argv(
-            "serve",
-            "trainer",
-            "--recipe",
-            str(rd / "recipe.toml"),
-            "--policy",
-            policy,
-            "--join",
-            self.handle.url,
-            "--run-dir",
-            str(rd),
-        )
-        if resume:
-            argv.append("--resume")
+        try:
+            argv = trainer_argv(self.recipe, rd / "recipe.toml", policy, self.handle.url, rd,
+                                resume=resume)  # fmt: skip
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from exc
         return Service(f"trainer-{policy}", argv, rd / "logs" / f"trainer-{policy}.log")
 
     def _node(self, i: int, replace: bool = False) -> Service:

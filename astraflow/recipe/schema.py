@@ -60,6 +60,28 @@ class SamplingConfig(Section):
     stop: list[str] = Field(default_factory=list)
 
 
+class LoraConfig(Section):
+    """LoRA adapters (peft) instead of full fine-tuning: only the adapters train; nodes still get
+    merged weights (or the adapter, where an engine can load one)."""
+
+    r: int = Field(default=8, ge=1, description="Adapter rank")
+    alpha: float = Field(default=16.0, gt=0.0, description="Scaling numerator (scale = alpha / r)")
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="Dropout on the adapter input")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default="all-linear",
+        description='Module names to adapt, e.g. ["q_proj", "v_proj"], or "all-linear"',
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _not_empty(cls, value: list[str] | str) -> list[str] | str:
+        if isinstance(value, list) and not value:
+            raise ValueError(
+                'must name at least one module (e.g. ["q_proj", "v_proj"]) or be "all-linear"'
+            )
+        return value
+
+
 class TrainerConfig(Section):
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo"] = "dapo"
     learning_rate: float = Field(default=1e-5, gt=0.0)
@@ -97,6 +119,25 @@ class TrainerConfig(Section):
     gradient_checkpointing: bool = False
     extra: dict[str, Any] = Field(
         default_factory=dict, description="Passed to trl.GRPOConfig as is"
+    )
+    processes: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description=(
+            "Trainer processes (one per device), launched with torchrun, or accelerate when "
+            "accelerate_config is set; rank 0 alone pulls batches, acknowledges and publishes"
+        ),
+    )
+    accelerate_config: Path | None = Field(
+        default=None,
+        description=(
+            "An accelerate config file (DDP, FSDP or DeepSpeed) passed to `accelerate launch "
+            "--config_file`; processes overrides its num_processes"
+        ),
+    )
+    lora: LoraConfig | None = Field(
+        default=None, description="Train LoRA adapters (peft) instead of the full model"
     )
 
 

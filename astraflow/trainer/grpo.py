@@ -54,7 +54,7 @@ from transformers.trainer_callback import PrinterCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from astraflow.protocol import Batch
-from astraflow.recipe.schema import TrainerConfig
+from astraflow.recipe.schema import LoraConfig, TrainerConfig
 from astraflow.trainer.checkpoints import CheckpointMark, newest_complete, write_mark
 from astraflow.trainer.samples import AdvantageMode, CollatedBatch, collate_batch
 from astraflow.trainer.source import BatchSource, SourceExhausted
@@ -120,6 +120,7 @@ class AstraGRPOTrainer(GRPOTrainer):
         advantage_mode: AdvantageMode = "auto",
         max_staleness: int | None = None,
         callbacks: list[TrainerCallback] | None = None,
+        peft_config: Any = None,
     ) -> None:
         from datasets import Dataset
 
@@ -160,6 +161,7 @@ class AstraGRPOTrainer(GRPOTrainer):
             train_dataset=placeholder,
             processing_class=processing_class,
             callbacks=all_callbacks,
+            peft_config=peft_config,
         )
         self._committed_step = self.state.global_step
         self.current_gradient_accumulation_steps = args.gradient_accumulation_steps
@@ -496,8 +498,15 @@ class AstraGRPOTrainer(GRPOTrainer):
         self._checkpoint_version = step
 
     def state_dict_for_publication(self) -> dict[str, torch.Tensor]:
-        """Full (unsharded) weights, as ``save_pretrained`` would write them. Collective call."""
+        """Full (unsharded) weights, as ``save_pretrained`` would write them. Collective call.
+
+        With LoRA these are the base model's weights with the adapters merged in (keys of the
+        base model), so every engine loads them like a full fine-tune's; see :func:`merged_lora_state`.
+        """
         state = self.accelerator.get_state_dict(self.model)
+        model = self.accelerator.unwrap_model(self.model)
+        if _is_peft(model):
+            return merged_lora_state(model, state)
         return {k: v.detach() for k, v in state.items()}
 
     def _publish(self, version: int) -> bool:
@@ -543,6 +552,73 @@ class AstraGRPOTrainer(GRPOTrainer):
             self.source.ack(
                 mark.batch_id, mark.version, dict(mark.metrics), checkpoint_version=mark.version
             )
+
+
+def _is_peft(model: Any) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # peft not installed: no model can be a PeftModel
+        return False
+    return isinstance(model, PeftModel)
+
+
+def merged_lora_state(
+    model: Any, state: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """The base model's state dict with every LoRA adapter merged: ``W + scale * B @ A``.
+
+    Why not peft's ``merge_adapter()``/``unmerge_adapter()``: merging in place and back changes
+    the trained base weights by float rounding every publication; this computes new tensors and
+    leaves the model untouched. ``state`` is the peft model's full state dict (already gathered
+    across processes by accelerate); by default the model's own. Keys lose peft's
+    ``base_model.model.`` prefix and ``.base_layer``, and the adapter tensors are dropped.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    if state is None:
+        state = model.state_dict()
+    prefix = "base_model.model."
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if ".lora_" in key:
+            continue
+        name = key.removeprefix(prefix).replace(".base_layer.", ".")
+        out[name] = value.detach()
+    for name, module in model.get_base_model().named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        target = f"{name}.weight"
+        merged = out[target].clone()
+        for adapter in module.active_adapters:
+            if adapter not in module.lora_A:
+                continue
+            a = state[f"{prefix}{name}.lora_A.{adapter}.weight"]
+            b = state[f"{prefix}{name}.lora_B.{adapter}.weight"]
+            delta = (b.float() @ a.float()) * module.scaling[adapter]
+            if getattr(module, "fan_in_fan_out", False):
+                delta = delta.T
+            merged += delta.to(merged.dtype)
+        out[target] = merged
+    return out
+
+
+def lora_peft_config(lora: LoraConfig) -> Any:
+    """The ``peft.LoraConfig`` of a recipe's ``trainer.lora`` section (causal LM, no bias)."""
+    try:
+        import peft
+    except ImportError as exc:
+        raise ValueError(
+            "trainer.lora needs peft, which is not installed; install it with "
+            "`pip install 'astraflow[lora]'` (or `pip install peft`)"
+        ) from exc
+    return peft.LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def _resolve_device(device: str) -> str:
@@ -629,6 +705,9 @@ def make_grpo_config(
         shuffle_dataset=False,
         dataloader_num_workers=0,
         log_completions=False,
+        # every parameter takes part in every forward (LoRA: frozen ones need no gradient), so
+        # DDP need not traverse the graph for unused ones each step
+        ddp_find_unused_parameters=False,
     )
     # The new name, set explicitly: TRL's config defaults the deprecated alias to True.
     kwargs["activation_checkpointing"] = cfg.gradient_checkpointing
@@ -710,4 +789,5 @@ def build_trainer(
         publish_on_start=publish_on_start,
         advantage_mode=advantage_mode,
         max_staleness=max_staleness,
+        peft_config=lora_peft_config(trainer_cfg.lora) if trainer_cfg.lora is not None else None,
     )

@@ -7,11 +7,19 @@ HTTP(S) to any token of the run, and is announced to the dataflow service, which
 nodes. A trainer holding only its trainer token cannot derive the node tokens it must accept, so
 its weight server checks them against digests the dataflow service hands to trainers
 (``GET /auth/verifiers``); one holding the run secret checks them itself.
+
+Under torchrun/accelerate (``trainer.processes > 1``) every rank runs this function: rank 0 is the
+trainer above; the other ranks only train (their share of each batch, which rank 0 pulls and
+broadcasts) and take part in the collective calls, with no weight server, no evaluations and no
+acknowledgements of their own.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +51,13 @@ def serve_trainer(
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    rank = distributed_rank()
+    if rank is not None:
+        _die_with_launcher()
+    if rank:  # not rank 0: train on this rank's shard, publish and report nothing
+        log.info("%s: trainer rank %d (rank 0 talks to the dataflow)", policy, rank)
+        return run_trainer(recipe, policy, dataflow_url, token, run_dir,
+                           publish=_rank_publishes_nothing, resume=resume, ca_file=ca_file)  # fmt: skip
     spec = recipe.policies[policy]
     keep = max(spec.trainer.keep_versions, 5)  # nodes fetch delta chains of up to 4 versions
     # The weight server needs the store to exist before it knows its own URL, and the store stamps
@@ -66,6 +81,7 @@ def serve_trainer(
         store.discard_from(policy, version + 1)
         written = store.publish(policy, version, state)
         store.gc(policy, keep)
+        log.info("published %s v%d", policy, version)
         return written
 
     def on_step(report) -> None:
@@ -88,6 +104,30 @@ def serve_trainer(
     finally:
         evals.close()
         stop()
+
+
+def distributed_rank() -> int | None:
+    """This process's global rank under torchrun/accelerate launch, or ``None`` when it was
+    started alone. Read from the launcher's environment, before any process group exists."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    return int(os.environ["RANK"])
+
+
+def _rank_publishes_nothing(version: int, state: dict[str, Any]) -> None:
+    """A non-zero rank joins the collective state gathering of each publication; rank 0 writes."""
+    return None
+
+
+def _die_with_launcher() -> None:
+    """torchrun starts each rank in its own session, so a trainer killed by the launcher (or a
+    crash) would orphan its ranks: have the kernel stop this rank when torchrun dies."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # torchrun died before the call above
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _weight_verifier(client, token: str) -> TokenVerifier:

@@ -4,7 +4,10 @@ Runs ``astraflow train recipes/quickstart.toml`` exactly as a user would (fixed 
 run's own evaluations (greedy, on the arithmetic test split) from ``metrics.jsonl``. Target: at least
 +10 points on >= 300 held-out problems in under 10 minutes on a 2-core CPU machine.
 
-    python tests/bench/quickstart_learning.py [--quick] [--json PATH] [--seed N]
+    python tests/bench/quickstart_learning.py [--quick] [--json PATH] [--seed N] [--set KEY=VALUE]
+
+``--set`` overrides a recipe key, as ``astraflow train --set`` does (e.g. the LoRA figure:
+``--set 'policies.policy.trainer.lora={r=16, alpha=32}'``).
 
 ``--quick`` trains 60 steps on 200 held-out problems (a smoke test of the measurement, ~2 min).
 """
@@ -31,10 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--timeout", type=float, default=1200.0, help="seconds before the run is stopped"
     )
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a recipe key (repeatable)")  # fmt: skip
     args = ap.parse_args(argv)
     overrides = []
     if args.quick:
         overrides = ["run.max_steps=60", "evaluation.every_steps=30", "evaluation.num_tasks=200"]
+    overrides += args.overrides
     with tempfile.TemporaryDirectory(prefix="af-quickstart-") as tmp:
         res = run_recipe(RECIPE, overrides, system="astraflow", seed=args.seed, workdir=Path(tmp),
                          timeout_s=args.timeout)  # fmt: skip

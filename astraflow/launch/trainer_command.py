@@ -1,0 +1,77 @@
+"""The command line that starts one policy's trainer: one process, torchrun or accelerate.
+
+Every launcher (local subprocesses, Ray) starts trainers through :func:`trainer_argv`, so a
+recipe's ``trainer.processes`` and ``trainer.accelerate_config`` mean the same thing everywhere:
+
+* ``processes = 1`` and no accelerate config: ``python -m cli.main serve trainer ...``;
+* ``processes = N > 1``: ``python -m torch.distributed.run --standalone --nproc_per_node N -m
+  cli.main serve trainer ...`` (torchrun picks a free rendezvous port, so runs never collide);
+* an accelerate config (DDP, FSDP, DeepSpeed): ``python -m accelerate.commands.launch
+  --config_file F --num_processes N -m cli.main serve trainer ...``.
+
+Every rank runs the same ``serve trainer`` command; inside it rank 0 alone pulls batches,
+acknowledges them and serves/publishes weights (:mod:`astraflow.trainer.wiring`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from astraflow.recipe import Recipe
+
+
+def trainer_argv(
+    recipe: Recipe,
+    recipe_path: Path,
+    policy: str,
+    dataflow_url: str,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    extra_args: Sequence[str] = (),
+    python: str = sys.executable,
+) -> list[str]:
+    """The argv that trains ``policy`` of ``recipe`` (saved at ``recipe_path``) against the
+    dataflow service at ``dataflow_url``, writing checkpoints and weights under ``run_dir``.
+
+    ``extra_args`` are appended to ``serve trainer`` (e.g. ``--weights-host``). Raises
+    ``ValueError`` naming the key when :func:`check_trainer_launch` finds a problem.
+    """
+    check_trainer_launch(recipe, policy)
+    spec = recipe.policies[policy].trainer
+    serve = ["-m", "cli.main", "serve", "trainer", "--recipe", str(recipe_path),
+             "--policy", policy, "--join", dataflow_url, "--run-dir", str(run_dir)]  # fmt: skip
+    if resume:
+        serve.append("--resume")
+    serve += list(extra_args)
+    if spec.accelerate_config is not None:
+        config = Path(spec.accelerate_config).expanduser().resolve()
+        launch = [python, "-m", "accelerate.commands.launch", "--config_file", str(config),
+                  "--num_processes", str(spec.processes)]  # fmt: skip
+        return [*launch, *serve]
+    if spec.processes > 1:
+        launch = [python, "-m", "torch.distributed.run", "--standalone",
+                  "--nproc_per_node", str(spec.processes)]  # fmt: skip
+        return [*launch, *serve]
+    return [python, *serve]
+
+
+def check_trainer_launch(recipe: Recipe, policy: str) -> None:
+    """What would make ``policy``'s trainer fail at start, found before anything starts: a missing
+    accelerate config file, LoRA without peft installed. ``ValueError`` names the recipe key."""
+    spec = recipe.policies[policy].trainer
+    if spec.accelerate_config is not None:
+        config = Path(spec.accelerate_config).expanduser().resolve()
+        if not config.is_file():
+            raise ValueError(
+                f"policies.{policy}.trainer.accelerate_config: {config} is not a file; expected "
+                "an accelerate config (e.g. written by `accelerate config`)"
+            )
+    if spec.lora is not None and importlib.util.find_spec("peft") is None:
+        raise ValueError(
+            f"policies.{policy}.trainer.lora needs peft, which is not installed; install the "
+            "extra with `pip install 'astraflow[lora]'` (or `pip install peft`)"
+        )
