@@ -42,6 +42,10 @@ class PolicyStatus(BaseModel):
     unacked_batches: int
     staleness: dict[str, int] = Field(description="Histogram of sample staleness in acked batches")
     dropped: dict[str, int] = Field(description="Samples dropped, by reason")
+    counters: dict[str, int] = Field(
+        default_factory=dict,
+        description="What dataflow policies did besides dropping (replayed samples/groups, ...)",
+    )
 
 
 class DataflowStatus(BaseModel):
@@ -116,6 +120,7 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
     latest = state.latest_weights(tx)
     steps = state.steps(tx)
     drops = state.drops(tx)
+    counters = state.counters(tx)
     buffers = {
         p: (g, s)
         for p, g, s in tx.execute(
@@ -145,6 +150,7 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
             unacked_batches=unacked.get(name, 0),
             staleness=hist.get(name, {}),
             dropped=drops.get(name, {}),
+            counters=counters.get(name, {}),
         )
     exhausted = ctx.feeder.exhausted(tx)
     total_recent = sum(recent.values())

@@ -121,6 +121,12 @@ class TaskSetConfig(Section):
     split: str = "train"
     weight: float = Field(default=1.0, gt=0.0, description="Mixing ratio relative to other sets")
     limit: int | None = Field(default=None, ge=1)
+    deadline_s: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="Deadline of this set's tasks, seconds after enqueue (the edf policy orders "
+        "by it; a task payload's own deadline_s wins)",
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
