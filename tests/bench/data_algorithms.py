@@ -192,7 +192,8 @@ def analyse(runs: list[RunResult], systems: list[str]) -> dict[str, Any]:
         "systems": {},
     }
     base_t = None
-    if base_final is not None:
+    # no learning to time when the baseline ends no better than it started (a short, noisy run)
+    if base_final is not None and before is not None and base_final > before:
         base_t = censored_spread(
             [time_to_accuracy(r.policies["policy"].evals, base_final) for r in base]
         ).median
@@ -202,7 +203,7 @@ def analyse(runs: list[RunResult], systems: list[str]) -> dict[str, Any]:
         recs = {id(r): read_jsonl(Path(r.run_dir) / "metrics.jsonl") for r in rs}
         counts = [store_counts(Path(r.run_dir) / "dataflow.db") for r in rs]
         t_final = None
-        if base_final is not None:
+        if base_t is not None:
             t_final = censored_spread(
                 [time_to_accuracy(r.policies["policy"].evals, base_final) for r in rs]
             ).median
@@ -338,16 +339,18 @@ def main(argv: list[str] | None = None) -> int:
     if "baseline" not in systems:
         systems = ["baseline", *systems]
     seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
-    steps = args.steps or (16 if args.quick else 48)
+    steps = args.steps or (12 if args.quick else 48)
     every = max(1, steps // 4)
-    num_eval = 100 if args.quick else 200
+    num_eval = 100 if args.quick else 300
+    # small sets so prompts recur (predictive skipping needs a history): ~3 epochs per set
+    limit = 32 if args.quick else 64
     runs: list[RunResult] = []
     with bench_workdir(args.workdir, "af-data-algos-") as work:
         for seed in seeds:
             for s in systems:  # interleaved: machine load drifts hit every system alike
                 recipe = work / f"{s.replace('+', '_')}.toml"
                 recipe.write_text(
-                    recipe_text(s, steps=steps, every=every, num_eval=num_eval, limit=32)
+                    recipe_text(s, steps=steps, every=every, num_eval=num_eval, limit=limit)
                 )
                 runs.append(
                     run_logged(
