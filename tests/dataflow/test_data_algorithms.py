@@ -205,6 +205,39 @@ def test_pipeline_files_each_policy_under_its_hooks():
     assert pipe.observer_key(pipe.observers[1]) == "2:predictive_skip"
 
 
+def test_a_third_party_gate_and_observer_plugs_in_like_the_builtins():
+    from astraflow.dataflow.policies import GroupObserver, PolicyRegistry, TaskGate
+
+    class SkipOddTasks(TaskGate, GroupObserver):
+        name = "skip_odd"
+
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.seen: list[str] = []
+
+        def skip_reason(self, task, now):
+            return "odd" if int(task.id[-1]) % 2 else None
+
+        def observe(self, group):
+            self.seen.append(group.task_id)
+
+        def state_changes(self):
+            return {}
+
+        def load_state(self, entries):
+            pass
+
+    registry = PolicyRegistry()
+    registry.add(SkipOddTasks)
+    pipe = Pipeline.from_config([DataflowPolicyConfig(name="skip_odd")], registry)
+    assert [t.name for t in pipe.gates] == ["skip_odd"] and pipe.observers == pipe.gates
+    assert [pipe.skip_reason(TaskView(f"t{i}", "s", i), 0.0) for i in range(4)] == [
+        None, "odd", None, "odd"
+    ]  # fmt: skip
+    pipe.observe(_g("t2", [1, 0]))
+    assert pipe.gates[0].seen == ["t2"]
+
+
 # ------------------------------------------------------------------ service side (real HTTP, SQLite)
 
 TWO_LEVELS = [{"name": "arith", "kwargs": {"level": 1}}, {"name": "arith", "kwargs": {"level": 2}}]
