@@ -17,7 +17,7 @@ import json
 import statistics
 from collections import Counter
 
-from astraflow.dataflow import state, timeline
+from astraflow.dataflow import replays, state, timeline
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.errors import Invalid, NotFound
 from astraflow.dataflow.leases import current_round
@@ -112,6 +112,10 @@ def _filter_group(ctx: Context, tx: Tx, group_id: str, trainer_version: int):
 
 def _async_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
     chosen, dropped = [], Counter()
+    replay = ctx.pipeline.replay
+    slots = replay.slots(req.num_groups) if replay is not None else 0
+    replayed = replays.pool_candidates(ctx, tx, req.policy, req.trainer_version, slots)
+    fresh = req.num_groups - len(replayed)
     for g in _ready_groups(ctx, tx, req.policy):
         kept, g_dropped = _filter_group(ctx, tx, g[1], req.trainer_version)
         if not kept:
@@ -123,13 +127,23 @@ def _async_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
             dropped.update(g_dropped)
             continue
         chosen.append((g, kept, g_dropped))
-        if len(chosen) == req.num_groups:
+        if len(chosen) == fresh:
             break
-    if len(chosen) < req.num_groups:
+    if len(chosen) < fresh:
         if not no_more_data(ctx, tx):
             return None
         if not chosen:
             return reply(done=True, reason="task sets exhausted and every group consumed")
+    for g in replayed:
+        kept, g_dropped = _filter_group(ctx, tx, g[1], req.trainer_version)
+        if kept:
+            chosen.append((g, kept, g_dropped))
+        else:  # a replay bound looser than the staleness bound: the copy is dropped, counted
+            tx.execute("UPDATE groups SET state='dropped' WHERE id=?", (g[1],))
+            state.discard_token_arrays(tx, [g[1]])
+            for reason, n in g_dropped.items():
+                state.count_drop(tx, req.policy, reason, n)
+            dropped.update(g_dropped)
     return _create_batch(ctx, tx, req, chosen, dropped, None)
 
 
@@ -185,7 +199,9 @@ def _create_batch(ctx, tx, req, chosen, dropped: Counter, round_) -> dict:
         layout.append([g[1], entries])
     batch_id = new_id("batch")
     n = len(all_rewards)
+    n_replayed = sum(len(kept) for g, kept, _ in chosen if replays.is_replay(g[1]))
     summary = {
+        "replayed": n_replayed,
         "samples": n,
         "groups": len(chosen),
         "reward_mean": statistics.fmean(all_rewards) if all_rewards else None,
@@ -210,6 +226,14 @@ def _create_batch(ctx, tx, req, chosen, dropped: Counter, round_) -> dict:
         "UPDATE groups SET state='batched', batch_id=? WHERE id=?",
         [(batch_id, g[1]) for g, _, _ in chosen],
     )
+    if n_replayed:
+        state.count(tx, req.policy, "replayed_samples", n_replayed)
+        state.count(
+            tx, req.policy, "replayed_groups", sum(replays.is_replay(g[1]) for g, _, _ in chosen)
+        )
+    if round_ is None and ctx.pipeline.replay is not None:
+        pooled = replays.admit(ctx, tx, req.policy, [g[1] for g, _, _ in chosen])
+        state.count(tx, req.policy, "replay_pooled_groups", pooled)
     return reply(batch=assemble(tx, batch_id))
 
 
@@ -322,6 +346,7 @@ def ack(ctx: Context, tx: Tx, batch_id: str, req: BatchAck) -> Ack:
                 # throughput and weight-sync times: experiment trackers read them from here
                 "drops_total": state.drops(tx).get(policy, {}),
                 "nodes": state.node_metrics(tx),
+                "replayed": summary.get("replayed", 0),
                 "metrics": req.metrics,
                 "time": now,
             },

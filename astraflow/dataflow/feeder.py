@@ -14,7 +14,7 @@ import msgpack
 
 from astraflow.dataflow.config import ServiceConfig
 from astraflow.dataflow.policies import Pipeline
-from astraflow.dataflow.policies.selection import pick_set
+from astraflow.dataflow.policies.selection import draw_set, pick_set
 from astraflow.dataflow.store import Tx
 from astraflow.protocol import Task
 
@@ -28,6 +28,7 @@ class TaskFeeder:
         self.config = config
         recipe = config.recipe
         self.loader = loader or load_task_set
+        self.pipeline = pipeline
         self.sets = set_keys(recipe.tasks.sets)
         self.weights = pipeline.set_weights({k: s.weight for k, s in self.sets.items()})
         self.epochs = recipe.tasks.epochs
@@ -79,11 +80,18 @@ class TaskFeeder:
         recipe = self.config.recipe
         now = self.config.clock()
         rows = []
+        # adaptive weights (a curriculum) change between calls: draw in proportion to the
+        # current ones, seeded by the draw's index so a restarted service draws the same way
+        adaptive = self.pipeline.adaptive_weights(self.weights) if self.pipeline.adaptive else None
         for _ in range(n):
             available = self._available(cur)
             if not available:
                 break
-            name = pick_set(self.weights, {k: v[2] for k, v in cur.items()}, available)
+            if adaptive is None:
+                name = pick_set(self.weights, {k: v[2] for k, v in cur.items()}, available)
+            else:
+                drawn = sum(v[2] for v in cur.values())
+                name = draw_set(adaptive, available, f"{recipe.run.seed}:draw:{drawn}")
             epoch, pos, emitted = cur[name]
             payloads = self.payloads(name)
             payload = payloads[self._order(name, epoch)[pos]]
@@ -96,6 +104,7 @@ class TaskFeeder:
                 workflow=recipe.workflow.name,
                 group_size=recipe.tasks.group_size,
                 task_set=name,
+                deadline=_deadline(payload, self.sets[name], now),
             )
             if recipe.tasks.env_kwargs:
                 task.meta["env_kwargs"] = dict(recipe.tasks.env_kwargs)
@@ -113,6 +122,16 @@ class TaskFeeder:
             [(k, *v) for k, v in cur.items()],
         )
         return len(rows)
+
+
+def _deadline(payload: dict, task_set, now: float) -> float | None:
+    """Absolute deadline: the payload's own ``deadline_s`` wins over the set's ``deadline_s``."""
+    rel = payload.get("deadline_s", task_set.deadline_s)
+    if rel is None:
+        return None
+    if not isinstance(rel, (int, float)) or rel <= 0:
+        raise ValueError(f"task deadline_s must be a number > 0 (seconds), got {rel!r}")
+    return now + float(rel)
 
 
 def set_keys(sets) -> dict:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import statistics
 
-from astraflow.dataflow import state
+from astraflow.dataflow import adaptive, state
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.evaluations import record_eval_episode
 from astraflow.dataflow.packed import PackedArrays
@@ -270,3 +270,4 @@ def _complete(ctx: Context, tx: Tx, task_id: str, lease_id: str, task: tuple) ->
         )
         if reason:
             state.discard_token_arrays(tx, [group_id])
+        adaptive.observe(ctx, tx, view)

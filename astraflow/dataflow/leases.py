@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from astraflow.dataflow import state
+from astraflow.dataflow import adaptive, state
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.errors import DataflowError, Invalid, NotFound
 from astraflow.dataflow.feeder import load_task
@@ -186,25 +186,39 @@ def _eval_candidates(tx: Tx, req: LeaseRequest, limit: int) -> list[tuple]:
 
 
 def _training_candidates(ctx: Context, tx: Tx, want: int, round_: int | None) -> list[tuple]:
-    if round_ is None:
-        pending = tx.scalar("SELECT COUNT(*) FROM tasks WHERE state='pending' AND is_eval=0", (), 0)
-        need = want + ctx.config.task_window
-        if pending < need:
-            ctx.feeder.enqueue(tx, need - pending)
-        rows = tx.execute(
-            "SELECT seq, id, body, task_set, priority, deadline FROM tasks "
-            "WHERE state='pending' AND is_eval=0 ORDER BY seq LIMIT ?",
-            (MAX_CANDIDATES,),
-        ).fetchall()
-    else:
-        rows = tx.execute(
-            "SELECT seq, id, body, task_set, priority, deadline FROM tasks "
-            "WHERE state='pending' AND is_eval=0 AND round=? ORDER BY seq",
-            (round_,),
-        ).fetchall()
+    """Up to ``want`` pending training tasks in the task order, after the gates (predictive
+    skipping, late deadlines) had their say; skipped tasks are replaced from the feeder."""
+    cols = "seq, id, body, task_set, priority, deadline, group_size"
     order = ctx.pipeline.task_order
-    rows.sort(key=lambda r: order.sort_key(TaskView(r[1], r[3], r[0], r[4], r[5])))
-    return rows[:want]
+    chosen: list[tuple] = []
+    # each pass skips at least one task or returns; the bound only stops a gate skipping everything
+    for _ in range(64):
+        need_now = want - len(chosen)
+        if round_ is None:
+            pending = tx.scalar(
+                "SELECT COUNT(*) FROM tasks WHERE state='pending' AND is_eval=0", (), 0
+            )
+            need = need_now + ctx.config.task_window
+            if pending < need:
+                ctx.feeder.enqueue(tx, need - pending)
+            rows = tx.execute(
+                f"SELECT {cols} FROM tasks WHERE state='pending' AND is_eval=0 ORDER BY seq LIMIT ?",
+                (MAX_CANDIDATES,),
+            ).fetchall()
+        else:
+            rows = tx.execute(
+                f"SELECT {cols} FROM tasks WHERE state='pending' AND is_eval=0 AND round=? "
+                "ORDER BY seq",
+                (round_,),
+            ).fetchall()
+        taken = {r[1] for r in chosen}
+        rows = [r for r in rows if r[1] not in taken]
+        rows.sort(key=lambda r: order.sort_key(TaskView(r[1], r[3], r[0], r[4], r[5])))
+        kept, skipped = adaptive.skip_pending(ctx, tx, rows, need_now)
+        chosen.extend(kept)
+        if len(chosen) >= want or round_ is not None or not skipped:
+            break
+    return chosen[:want]
 
 
 def grant(ctx: Context, tx: Tx, req: LeaseRequest) -> LeaseGrant:

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from astraflow.dataflow import batching, evaluations, ingest, leases, state, timeline
+from astraflow.dataflow import adaptive, batching, evaluations, ingest, leases, state, timeline
 from astraflow.dataflow import status as status_mod
 from astraflow.dataflow.config import ServiceConfig
 from astraflow.dataflow.context import Context
@@ -124,6 +124,11 @@ class DataflowService:
     ) -> None:
         self.config = config
         pipeline = Pipeline.from_config(config.recipe.dataflow.policies, registry)
+        if pipeline.adaptive:
+            # adaptive weights act on tasks as they are enqueued: keep the pending window to about
+            # one optimizer step so a changed weight shows within a step, not many steps later
+            per_step = max(p.trainer.groups_per_step for p in config.recipe.policies.values())
+            config.task_window = min(config.task_window, per_step)
         feeder = TaskFeeder(config, pipeline, loader=task_loader)
         self.ctx = Context(config, pipeline, feeder, MetricsLog(config.metrics_path))
         self.store = Store(store_path, synchronous=synchronous)
@@ -141,6 +146,7 @@ class DataflowService:
 
     def _init(self, tx: Tx) -> None:
         self.ctx.metrics.recover(tx)
+        adaptive.load(self.ctx, tx)
         for key in self.ctx.feeder.sets:  # fail at startup on a bad task set, not later
             self.ctx.feeder.payloads(key)
         if self.config.sync and tx.get_meta("round") is None:

@@ -59,6 +59,24 @@ def drops(tx: Tx) -> dict[str, dict[str, int]]:
     return out
 
 
+def count(tx: Tx, policy: str, name: str, n: int = 1) -> None:
+    """Count something a dataflow policy did that is not a drop (e.g. replayed samples)."""
+    if n <= 0:
+        return
+    tx.execute(
+        "INSERT INTO counters(policy, name, count) VALUES(?,?,?) "
+        "ON CONFLICT(policy, name) DO UPDATE SET count = count + excluded.count",
+        (policy, name, n),
+    )
+
+
+def counters(tx: Tx) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for policy, name, n in tx.execute("SELECT policy, name, count FROM counters"):
+        out.setdefault(policy, {})[name] = n
+    return out
+
+
 def remembered(tx: Tx, key: str | None, kind: str) -> bytes | None:
     """The stored reply of an earlier request with this idempotency key, if any."""
     if not key:

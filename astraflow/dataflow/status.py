@@ -66,6 +66,7 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
     latest = state.latest_weights(tx)
     steps = state.steps(tx)
     drops = state.drops(tx)
+    counters = state.counters(tx)
     buffers = {
         p: (g, s)
         for p, g, s in tx.execute(
@@ -95,6 +96,7 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
             unacked_batches=unacked.get(name, 0),
             staleness=hist.get(name, {}),
             dropped=drops.get(name, {}),
+            counters=counters.get(name, {}),
         )
     exhausted = ctx.feeder.exhausted(tx)
     total_recent = sum(recent.values())

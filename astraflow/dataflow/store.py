@@ -177,6 +177,25 @@ CREATE TABLE IF NOT EXISTS evaluations (
     created_at REAL NOT NULL,
     finished_at REAL
 );
+CREATE TABLE IF NOT EXISTS policy_state (
+    policy TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (policy, key)
+);
+CREATE TABLE IF NOT EXISTS replays (
+    group_id TEXT PRIMARY KEY,
+    source TEXT NOT NULL,
+    origin TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS counters (
+    policy TEXT NOT NULL,
+    name TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (policy, name)
+);
 CREATE TABLE IF NOT EXISTS metric_records (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     body TEXT NOT NULL

@@ -60,6 +60,10 @@ class PolicyStatus(StatusModel):
     unacked_batches: int
     staleness: dict[str, int] = Field(description="Histogram of sample staleness in acked batches")
     dropped: dict[str, int] = Field(description="Samples dropped, by reason")
+    counters: dict[str, int] = Field(
+        default_factory=dict,
+        description="What dataflow policies did besides dropping (replayed samples/groups, ...)",
+    )
 
 
 class DataflowStatus(StatusModel):

@@ -83,7 +83,21 @@ class LoraConfig(Section):
 
 
 class TrainerConfig(Section):
-    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo"] = "dapo"
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = (
+        "dapo"
+    )
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        default="token",
+        description="PPO ratio per token, or one per sequence (GSPO: 'sequence' with grpo/dr_grpo)",
+    )
+    off_policy: Literal["truncate", "m2po"] = Field(
+        default="truncate",
+        description="Correction of stale samples with their behaviour log-probs: TRL's truncated "
+        "importance ratio (capped at importance_sampling_cap), or M2PO's second-moment mask",
+    )
+    m2po_threshold: float = Field(
+        default=0.04, gt=0.0, description="M2PO: bound on mean (log ratio)^2 of the tokens kept"
+    )
     learning_rate: float = Field(default=1e-5, gt=0.0)
     groups_per_step: int = Field(default=8, ge=1, description="Groups per optimizer step")
     beta: float = Field(
@@ -162,6 +176,12 @@ class TaskSetConfig(Section):
     split: str = "train"
     weight: float = Field(default=1.0, gt=0.0, description="Mixing ratio relative to other sets")
     limit: int | None = Field(default=None, ge=1)
+    deadline_s: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="Deadline of this set's tasks, seconds after enqueue (the edf policy orders "
+        "by it; a task payload's own deadline_s wins)",
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -104,6 +104,9 @@ class AstraGRPOTrainer(GRPOTrainer):
     batch producer ignores; ``max_steps`` in ``args`` sets the length of training.
     """
 
+    #: M2PO second-moment bound (``trainer.off_policy = "m2po"``); None: TRL's truncation
+    m2po_threshold: float | None = None
+
     def __init__(
         self,
         *,
@@ -386,7 +389,14 @@ class AstraGRPOTrainer(GRPOTrainer):
     def _importance_ratio(
         self, proximal: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, bool]:
-        """``pi_prox / pi_behaviour`` truncated or masked as TRL's vLLM IS correction does it."""
+        """``pi_prox / pi_behaviour`` truncated or masked as TRL's vLLM IS correction does it,
+        or (``trainer.off_policy = "m2po"``) under M2PO's second-moment mask."""
+        if self.m2po_threshold is not None:
+            from astraflow.trainer.m2po import m2po_ratio
+
+            ratio, masked = m2po_ratio(proximal, behaviour, mask, self.m2po_threshold)
+            self._metrics["train"]["sampling/m2po_masked_fraction"].append(masked)
+            return ratio, False
         diff = torch.nan_to_num((proximal - behaviour) * mask, nan=0.0)
         mode = self.vllm_importance_sampling_mode
         seq_level = mode in ("sequence_mask", "sequence_truncate")
@@ -671,6 +681,7 @@ def make_grpo_config(
     kwargs: dict[str, Any] = dict(
         output_dir=str(output_dir),
         loss_type=cfg.loss_type,
+        importance_sampling_level=cfg.importance_sampling_level,
         learning_rate=cfg.learning_rate,
         beta=cfg.beta,
         epsilon=cfg.epsilon,
@@ -776,7 +787,7 @@ def build_trainer(
         max_completion_length=max_completion_length,
         micro_batches=micro_batches,
     )
-    return AstraGRPOTrainer(
+    trainer = AstraGRPOTrainer(
         model=model,
         args=args,
         processing_class=tokenizer,
@@ -791,3 +802,6 @@ def build_trainer(
         max_staleness=max_staleness,
         peft_config=lora_peft_config(trainer_cfg.lora) if trainer_cfg.lora is not None else None,
     )
+    if trainer_cfg.off_policy == "m2po":
+        trainer.m2po_threshold = trainer_cfg.m2po_threshold
+    return trainer

@@ -118,6 +118,45 @@ class GroupFilter(DataflowPolicy):
         raise NotImplementedError
 
 
+class TaskGate(DataflowPolicy):
+    """Selection stage, at lease time: returns a reason to skip a pending task (never rolled out,
+    counted as ``group_size`` skipped rollouts under that reason) or None to let it run."""
+
+    stage = "selection"
+
+    def skip_reason(self, task: TaskView, now: float) -> str | None:
+        raise NotImplementedError
+
+
+class AdaptiveMixing(DataflowPolicy):
+    """Selection stage: task-set weights that change as groups complete (e.g. a curriculum).
+
+    The feeder asks for the weights before each draw and then draws a set at random in proportion
+    (seeded by the run seed and the draw's index, so a restarted service continues the stream)."""
+
+    stage = "selection"
+
+    def weights(self, weights: dict[str, float]) -> dict[str, float]:
+        raise NotImplementedError
+
+
+class GroupObserver:
+    """Mixin: the policy learns from every complete training group (kept or filtered).
+
+    Its state must survive a restart of the dataflow service: :meth:`state_changes` returns the
+    entries changed since the last call (JSON-able values by string key), which the service writes
+    to the store in the same transaction as the group, and :meth:`load_state` restores them."""
+
+    def observe(self, group: GroupView) -> None:
+        raise NotImplementedError
+
+    def state_changes(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_state(self, entries: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
 class SampleFilter(DataflowPolicy):
     """At batch time: returns a drop reason, or None to keep (possibly lowering the weight)."""
 

@@ -14,13 +14,19 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from astraflow.dataflow.policies.base import (
+    AdaptiveMixing,
     DataflowPolicy,
     GroupFilter,
+    GroupObserver,
+    GroupView,
     MixingPolicy,
     OrderingPolicy,
     PolicyConfigError,
     SampleFilter,
+    TaskGate,
+    TaskView,
 )
+from astraflow.dataflow.policies.replay import GroupReplay
 from astraflow.dataflow.policies.selection import FifoOrder
 
 POLICY_GROUP = "astraflow.policies"
@@ -29,6 +35,7 @@ POLICY_GROUP = "astraflow.policies"
 def builtin_policies() -> list[type[DataflowPolicy]]:
     """Entry point of the built-ins (registered in pyproject.toml like any plugin)."""
     from astraflow.dataflow.policies.batching import StalenessBound
+    from astraflow.dataflow.policies.curriculum import PassRateCurriculum
     from astraflow.dataflow.policies.ingestion import ZeroVarianceFilter
     from astraflow.dataflow.policies.selection import (
         EarliestDeadlineFirst,
@@ -36,6 +43,7 @@ def builtin_policies() -> list[type[DataflowPolicy]]:
         PriorityOrder,
         TaskSetMixing,
     )
+    from astraflow.dataflow.policies.skipping import PredictiveSkip
 
     return [
         FifoOrder,
@@ -44,6 +52,9 @@ def builtin_policies() -> list[type[DataflowPolicy]]:
         TaskSetMixing,
         ZeroVarianceFilter,
         StalenessBound,
+        PassRateCurriculum,
+        PredictiveSkip,
+        GroupReplay,
     ]
 
 
@@ -109,6 +120,13 @@ class Pipeline:
     mixing: list[MixingPolicy] = field(default_factory=list)
     group_filters: list[GroupFilter] = field(default_factory=list)
     sample_filters: list[SampleFilter] = field(default_factory=list)
+    #: policies that may skip a pending task at lease time (predictive skipping, late deadlines)
+    gates: list[TaskGate] = field(default_factory=list)
+    #: task-set weights that change during the run (curriculum)
+    adaptive: list[AdaptiveMixing] = field(default_factory=list)
+    #: policies that learn from every complete group; their state is kept in the store
+    observers: list[GroupObserver] = field(default_factory=list)
+    replay: GroupReplay | None = None
     all: list[DataflowPolicy] = field(default_factory=list)
 
     @classmethod
@@ -124,23 +142,66 @@ class Pipeline:
         return pipe
 
     def add(self, policy: DataflowPolicy) -> None:
-        self.all.append(policy)
+        """File ``policy`` under every interface it implements (one object may have several
+        jobs' hooks, e.g. EDF orders tasks and may skip late ones)."""
+        known = False
         if isinstance(policy, OrderingPolicy):
+            known = True
             if policy.stage == "batching":
                 self.group_order = policy
             else:
                 self.task_order = policy
-        elif isinstance(policy, MixingPolicy):
+        if isinstance(policy, MixingPolicy):
+            known = True
             self.mixing.append(policy)
-        elif isinstance(policy, GroupFilter):
+        if isinstance(policy, AdaptiveMixing):
+            known = True
+            self.adaptive.append(policy)
+        if isinstance(policy, GroupFilter):
+            known = True
             self.group_filters.append(policy)
-        elif isinstance(policy, SampleFilter):
+        if isinstance(policy, SampleFilter):
+            known = True
             self.sample_filters.append(policy)
-        else:
+        if isinstance(policy, TaskGate):
+            known = True
+            self.gates.append(policy)
+        if isinstance(policy, GroupReplay):
+            if self.replay is not None:
+                raise PolicyConfigError("dataflow policy 'replay' is listed twice")
+            known = True
+            self.replay = policy
+        if isinstance(policy, GroupObserver):
+            self.observers.append(policy)
+        if not known:
             raise PolicyConfigError(
                 f"dataflow policy {policy.name!r} ({type(policy).__name__}) implements no known "
-                "stage interface (OrderingPolicy, MixingPolicy, GroupFilter, SampleFilter)"
+                "stage interface (OrderingPolicy, MixingPolicy, AdaptiveMixing, GroupFilter, "
+                "SampleFilter, TaskGate, GroupReplay)"
             )
+        self.all.append(policy)
+
+    def skip_reason(self, task: TaskView, now: float) -> str | None:
+        """The first gate's reason to skip ``task``, or None to run it."""
+        for gate in self.gates:
+            reason = gate.skip_reason(task, now)
+            if reason:
+                return reason
+        return None
+
+    def adaptive_weights(self, weights: dict[str, float]) -> dict[str, float]:
+        for m in self.adaptive:
+            weights = m.weights(weights)
+        return weights
+
+    def observe(self, group: GroupView) -> None:
+        for o in self.observers:
+            o.observe(group)
+
+    def observer_key(self, observer: GroupObserver) -> str:
+        """Stable store key of an observer's state: its position in the recipe and its name."""
+        i = next(i for i, p in enumerate(self.all) if p is observer)
+        return f"{i}:{observer.name}"
 
     def set_weights(self, weights: dict[str, float]) -> dict[str, float]:
         for m in self.mixing:

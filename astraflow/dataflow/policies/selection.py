@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from typing import Any
 
 from astraflow.dataflow.policies.base import (
@@ -10,6 +11,7 @@ from astraflow.dataflow.policies.base import (
     MixingPolicy,
     OrderingPolicy,
     PolicyConfigError,
+    TaskGate,
     TaskView,
 )
 
@@ -34,15 +36,36 @@ class PriorityOrder(OrderingPolicy):
         return (-item.priority, item.seq)
 
 
-class EarliestDeadlineFirst(OrderingPolicy):
-    """Earliest ``deadline`` first; items without a deadline come last, FIFO among equals."""
+class EarliestDeadlineFirst(OrderingPolicy, TaskGate):
+    """Earliest ``deadline`` first; items without a deadline come last, FIFO among equals.
+
+    Deadlines are absolute clock times set when a task is enqueued: ``now + deadline_s`` from the
+    task set's ``deadline_s`` in ``[tasks].sets`` or a task payload's own ``deadline_s`` (which
+    wins). With ``drop_expired = true`` (selection stage) a task still pending after its deadline
+    is not started at all and counted as ``deadline_expired`` (its result would come too late to
+    matter, e.g. a stale-by-design streaming task), instead of being served first."""
 
     name = "edf"
-    description = "earliest deadline first (no deadline last), then FIFO"
+    description = "earliest deadline first (no deadline last), then FIFO; optionally drop late"
+
+    def __init__(self, stage: str = "selection", drop_expired: bool = False, **kwargs: Any) -> None:
+        super().__init__(stage=stage, **kwargs)
+        if not isinstance(drop_expired, bool):
+            raise PolicyConfigError(
+                f"edf: drop_expired must be true or false, got {drop_expired!r}"
+            )
+        if drop_expired and stage != "selection":
+            raise PolicyConfigError("edf: drop_expired applies to the selection stage only")
+        self.drop_expired = drop_expired
 
     def sort_key(self, item: TaskView | GroupView) -> tuple:
         deadline = math.inf if item.deadline is None else item.deadline
         return (deadline, item.seq)
+
+    def skip_reason(self, task: TaskView, now: float) -> str | None:
+        if self.drop_expired and task.deadline is not None and task.deadline < now:
+            return "deadline_expired"
+        return None
 
 
 class TaskSetMixing(MixingPolicy):
@@ -94,3 +117,17 @@ def pick_set(weights: dict[str, float], emitted: dict[str, int], available: list
     if best is None:
         raise LookupError("no task set with a positive weight is available")
     return best
+
+
+def draw_set(weights: dict[str, float], available: list[str], seed: str) -> str:
+    """A set drawn at random in proportion to ``weights`` (adaptive mixing), seeded by ``seed``."""
+    names = [n for n in available if weights.get(n, 0.0) > 0]
+    if not names:
+        raise LookupError("no task set with a positive weight is available")
+    total = sum(weights[n] for n in names)
+    x = random.Random(seed).random() * total
+    for name in names:
+        x -= weights[name]
+        if x < 0:
+            return name
+    return names[-1]

@@ -1,0 +1,105 @@
+"""Replay storage: a replayed group is a new group whose samples are new rows copying the
+originals (tokens, log-probs, versions, rewards) and referencing them in the ``replays`` table.
+
+Why copies and not a second use of the same rows: the exact-resume invariants
+(:mod:`astraflow.dataflow.timeline`) say no sample is in two acknowledged batches and a sample's
+arrays are freed once a checkpoint covers its step. A copy made when the original is batched is
+its own sample: it is in at most one acknowledged batch and freed by the same rules, and the
+original can be freed on schedule. Pool copies wait in state ``replay_pool`` (not ``ready``, so
+they neither count as buffered work nor hold back leasing) until the replay policy picks them or
+they grow too stale (then they are dropped and freed).
+"""
+
+from __future__ import annotations
+
+from astraflow.dataflow import state
+from astraflow.dataflow.context import Context
+from astraflow.dataflow.policies import GroupView
+from astraflow.dataflow.store import Tx
+
+POOL = "replay_pool"
+
+
+def _rewards(tx: Tx, group_id: str) -> list[float]:
+    return [
+        r[0]
+        for r in tx.execute(
+            "SELECT reward FROM samples WHERE group_id=? ORDER BY rowid", (group_id,)
+        ).fetchall()
+    ]
+
+
+def pool_candidates(ctx: Context, tx: Tx, policy: str, trainer_version: int, n: int) -> list:
+    """Pick up to ``n`` pooled groups of ``policy`` (as ``_ready_groups`` rows); expire the
+    ones past the replay staleness bound."""
+    replay = ctx.pipeline.replay
+    if replay is None or n <= 0:
+        return []
+    rows = tx.execute(
+        "SELECT seq, id, task_id, task_set, priority, deadline, min_version, reward_mean, "
+        "reward_std FROM groups WHERE policy=? AND state=?",
+        (policy, POOL),
+    ).fetchall()
+    if not rows:
+        return []
+    by_id = {r[1]: r for r in rows}
+    views = [
+        GroupView(r[1], r[2], policy, r[3], _rewards(tx, r[1]), r[0], r[6], r[4], r[5])
+        for r in rows
+    ]
+    chosen, expired = replay.choose(views, trainer_version, n)
+    if expired:
+        ids = [g.id for g in expired]
+        tx.executemany("UPDATE groups SET state='dropped' WHERE id=?", [(i,) for i in ids])
+        state.discard_token_arrays(tx, ids)
+        state.count(tx, policy, "replay_expired", len(ids))
+    return [by_id[g.id] for g in chosen]
+
+
+def admit(ctx: Context, tx: Tx, policy: str, group_ids: list[str]) -> int:
+    """Copy the batched groups the replay policy admits into the pool; returns how many."""
+    replay = ctx.pipeline.replay
+    if replay is None:
+        return 0
+    now = ctx.now()
+    admitted = 0
+    for gid in group_ids:
+        row = tx.one("SELECT origin, n FROM replays WHERE group_id=?", (gid,))
+        origin, times = (row[0], row[1]) if row else (gid, 0)
+        g = tx.one(
+            "SELECT seq, task_id, task_set, min_version, priority, deadline, round, size, "
+            "reward_mean, reward_std FROM groups WHERE id=?",
+            (gid,),
+        )
+        view = GroupView(gid, g[1], policy, g[2], _rewards(tx, gid), g[0], g[3], g[4], g[5])
+        if not replay.admits(view, times):
+            continue
+        copy_id = f"{origin}#r{times + 1}"
+        if tx.one("SELECT 1 FROM groups WHERE id=?", (copy_id,)):
+            continue  # already made (a batch served again after a rewind)
+        suffix = f"#r{times + 1}"
+        tx.execute(
+            "INSERT INTO samples(id, episode_id, lease_id, task_id, policy, role, group_id, reward, "
+            "min_version, max_version, n_tokens, tokens, loss_mask, logprobs, versions) "
+            "SELECT substr(id, 1, CASE WHEN instr(id, '#r') > 0 THEN instr(id, '#r') - 1 "
+            "ELSE length(id) END) || ?, episode_id, 'replay:' || lease_id, task_id, policy, role, "
+            "?, reward, min_version, max_version, n_tokens, tokens, loss_mask, logprobs, versions "
+            "FROM samples WHERE group_id=? ORDER BY rowid",
+            (suffix, copy_id, gid),
+        )
+        tx.execute(
+            "INSERT INTO groups(id, task_id, policy, task_set, round, size, reward_mean, "
+            "reward_std, min_version, priority, deadline, state, created_at) "
+            "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (copy_id, g[1], policy, g[2], g[6], g[7], g[8], g[9], g[3], g[4], g[5], POOL, now),
+        )
+        tx.execute(
+            "INSERT INTO replays(group_id, source, origin, n, created_at) VALUES(?,?,?,?,?)",
+            (copy_id, gid, origin, times + 1, now),
+        )
+        admitted += 1
+    return admitted
+
+
+def is_replay(group_id: str) -> bool:
+    return "#r" in group_id

@@ -1,0 +1,399 @@
+"""What each data algorithm does to learning: every dataflow policy (and loss variant) against the
+plain baseline, side by side, at equal trained samples.
+
+Task set (mixed difficulty): generated arithmetic at levels 1, 2 and 3 plus level 4 (two-digit
+products, which the tiny policy cannot solve yet), equal weights. Held-out accuracy: greedy, on the
+level-2 test split, measured by the runs themselves (``evaluation.every_steps``). Every system runs
+the same recipe, seed and number of optimizer steps of the same size (so the same trained samples);
+only ``[[dataflow.policies]]`` or the trainer's loss differ.
+
+Per system (median and range over seeds): seconds and trained samples to a ladder of accuracies,
+final accuracy, rollouts generated and wasted (zero-variance groups and stale drops), rollouts
+skipped before generation, replayed samples. The headline ``speedup_to_baseline_final``: the
+baseline's median seconds to its own median final accuracy divided by the system's (> 1: sooner;
+None: the system never reached it).
+
+    python tests/bench/data_algorithms.py [--quick] [--json PATH] [--seeds 0,1,2] [--systems ...]
+
+``--quick``: one seed, 12 steps, baseline + curriculum, predictive_skip, replay: a smoke run of
+the measurement (held-out accuracy does not move in 12 steps; rollout and waste counts do). Measured
+at 16 steps on the shared 2-core machine: 110-170 s per run, ~10 min in all, not the ~2 min asked of
+quick benches: four end-to-end trainings cannot fit in it. Full: three seeds, 48 steps, 8 systems =
+24 runs of 217-422 s each on the same loaded machine (~2 h; `--systems` runs a subset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import (  # noqa: E402
+    RunResult,
+    bench_workdir,
+    censored_spread,
+    console,
+    fmt,
+    parse_systems,
+    print_failures,
+    ratio,
+    read_jsonl,
+    run_logged,
+    run_recipe,
+    spread,
+    spread_json,
+    step_records,
+    table,
+    time_to_accuracy,
+    write_json,
+)
+
+BASE = """
+[run]
+name = "data-algorithms"
+output_dir = "runs"
+seed = 0
+max_steps = {steps}
+
+[policies.policy]
+model = "builtin:tiny-arith"
+engine = "transformers"
+sampling = {{ temperature = 1.0, max_tokens = 12 }}
+trainer = {{ loss_type = "{loss_type}", learning_rate = 2e-4, groups_per_step = 16{trainer} }}
+
+[tasks]
+env = "astraflow/Math-v0"
+group_size = 8
+# the evaluation uses the first set's name and kwargs: level 2 held out
+sets = [
+  {{ name = "arith", kwargs = {{ level = 2 }}, limit = {limit}{d2} }},
+  {{ name = "arith", kwargs = {{ level = 1 }}, limit = {limit}{d1} }},
+  {{ name = "arith", kwargs = {{ level = 3 }}, limit = {limit}{d3} }},
+  {{ name = "arith", kwargs = {{ level = 4 }}, limit = {limit}{d4} }},
+]
+
+[workflow]
+name = "single_agent"
+roles = {{ agent = "policy" }}
+
+[dataflow]
+max_lag = 2
+policies = [
+  {{ name = "zero_variance_filter" }},
+  {{ name = "staleness", kwargs = {{ max_staleness = 2, action = "drop" }} }},
+{policies}]
+
+[rollout]
+nodes = 1
+concurrency = 256
+
+[evaluation]
+every_steps = {every}
+split = "test"
+num_tasks = {num_eval}
+"""
+
+#: system -> (extra dataflow policies as TOML inline tables, trainer overrides, set deadlines)
+SYSTEMS: dict[str, dict[str, Any]] = {
+    "baseline": {},
+    "curriculum": {"policies": ['{ name = "curriculum", kwargs = { band = [0.15, 0.85] } }']},
+    "predictive_skip": {"policies": ['{ name = "predictive_skip", kwargs = { p_max = 0.9 } }']},
+    "replay": {"policies": ['{ name = "replay", kwargs = { ratio = 0.25, max_staleness = 2 } }']},
+    # per-set deadlines: the held-out level first, the unsolvable level last and dropped if late
+    "edf": {
+        "policies": ['{ name = "edf", kwargs = { drop_expired = true } }'],
+        "deadlines": {"d2": 15.0, "d1": 45.0, "d3": 45.0, "d4": 30.0},
+    },
+    "gspo": {"loss_type": "grpo", "trainer": ', importance_sampling_level = "sequence"'},
+    "m2po": {"trainer": ', off_policy = "m2po"'},
+    "curriculum+skip+replay": {
+        "policies": [
+            '{ name = "curriculum", kwargs = { band = [0.15, 0.85] } }',
+            '{ name = "predictive_skip", kwargs = { p_max = 0.9 } }',
+            '{ name = "replay", kwargs = { ratio = 0.25, max_staleness = 2 } }',
+        ]
+    },
+}
+QUICK_SYSTEMS = ["baseline", "curriculum", "predictive_skip", "replay"]
+#: drop reasons that are rollouts generated and then thrown away
+WASTE = ("zero_variance", "stale")
+
+
+def recipe_text(system: str, *, steps: int, every: int, num_eval: int, limit: int) -> str:
+    spec = SYSTEMS[system]
+    deadlines = spec.get("deadlines", {})
+    return BASE.format(
+        steps=steps,
+        every=every,
+        num_eval=num_eval,
+        limit=limit,
+        loss_type=spec.get("loss_type", "dapo"),
+        trainer=spec.get("trainer", ""),
+        policies="".join(f"  {p},\n" for p in spec.get("policies", [])),
+        **{k: (f", deadline_s = {deadlines[k]}" if k in deadlines else "") for k in DEADLINE_KEYS},
+    )
+
+
+DEADLINE_KEYS = ("d1", "d2", "d3", "d4")
+
+
+def store_counts(db: Path) -> dict[str, dict[str, int]]:
+    """Drop reasons and policy counters of the run's dataflow store (read-only)."""
+    out: dict[str, dict[str, int]] = {"drops": {}, "counters": {}}
+    if not db.exists():
+        return out
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10.0)
+    try:
+        for reason, n in conn.execute("SELECT reason, SUM(count) FROM drops GROUP BY reason"):
+            out["drops"][reason] = int(n)
+        try:
+            for name, n in conn.execute("SELECT name, SUM(count) FROM counters GROUP BY name"):
+                out["counters"][name] = int(n)
+        except sqlite3.Error:
+            pass  # a store from before the counters table
+    finally:
+        conn.close()
+    return out
+
+
+def samples_at(records: list[dict[str, Any]]) -> dict[int, int]:
+    """Cumulative trained samples after each step."""
+    out, total = {}, 0
+    for r in step_records(records, "policy"):
+        total += int(r.get("samples") or 0)
+        out[int(r["step"])] = total
+    return out
+
+
+def samples_to_accuracy(run: RunResult, samples: dict[int, int], level: float) -> int | None:
+    pol = run.policies["policy"]
+    for p in sorted(pol.evals, key=lambda p: (p.t, p.step)):
+        if p.accuracy >= level - 1e-12:
+            return samples.get(p.step, 0)
+    return None
+
+
+def analyse(runs: list[RunResult], systems: list[str]) -> dict[str, Any]:
+    ok = {
+        s: [r for r in runs if r.system == s and r.ok and "policy" in r.policies] for s in systems
+    }
+    base = ok.get("baseline", [])
+    before = spread(r.policies["policy"].accuracy_before for r in base).median
+    base_final = spread(r.policies["policy"].accuracy_final for r in base).median
+    ladder = []
+    if before is not None and base_final is not None and base_final > before:
+        n = 4
+        ladder = [round(before + (base_final - before) * (i + 1) / n, 3) for i in range(n)]
+    out: dict[str, Any] = {
+        "baseline_final_acc": base_final,
+        "acc_before": before,
+        "ladder": ladder,
+        "systems": {},
+    }
+    base_t = None
+    # no learning to time when the baseline ends no better than it started (a short, noisy run)
+    if base_final is not None and before is not None and base_final > before:
+        base_t = censored_spread(
+            [time_to_accuracy(r.policies["policy"].evals, base_final) for r in base]
+        ).median
+    best = None
+    for s in systems:
+        rs = ok[s]
+        recs = {id(r): read_jsonl(Path(r.run_dir) / "metrics.jsonl") for r in rs}
+        counts = [store_counts(Path(r.run_dir) / "dataflow.db") for r in rs]
+        t_final = None
+        if base_t is not None:
+            t_final = censored_spread(
+                [time_to_accuracy(r.policies["policy"].evals, base_final) for r in rs]
+            ).median
+        speedup = ratio(base_t, t_final) if rs else None
+        if s != "baseline" and speedup is not None and (best is None or speedup > best):
+            best = speedup
+        rungs = {}
+        for level in ladder:
+            rungs[str(level)] = {
+                "seconds": spread_json(
+                    censored_spread(
+                        [time_to_accuracy(r.policies["policy"].evals, level) for r in rs]
+                    )
+                ),
+                "samples": spread_json(
+                    censored_spread(
+                        [samples_to_accuracy(r, samples_at(recs[id(r)]), level) for r in rs]
+                    )
+                ),
+            }
+        out["systems"][s] = {
+            "runs": len(rs),
+            "final_acc": spread_json(spread(r.policies["policy"].accuracy_final for r in rs)),
+            "seconds_to_baseline_final": t_final,
+            "speedup_to_baseline_final": speedup,
+            "train_s": spread_json(spread(r.policies["policy"].train_s for r in rs)),
+            "trained_samples": spread_json(
+                spread(r.policies["policy"].trained_samples for r in rs)
+            ),
+            "rollouts": spread_json(spread(r.policies["policy"].extra.get("episodes") for r in rs)),
+            "wasted": spread_json(spread(sum(c["drops"].get(w, 0) for w in WASTE) for c in counts)),
+            "wasted_by_reason": {
+                w: spread_json(spread(c["drops"].get(w, 0) for c in counts))
+                for w in (*WASTE, "deadline_expired")
+            },
+            "skipped": spread_json(
+                spread(c["drops"].get("predicted_zero_variance", 0) for c in counts)
+            ),
+            "replayed_samples": spread_json(
+                spread(c["counters"].get("replayed_samples", 0) for c in counts)
+            ),
+            "ladder": rungs,
+        }
+    out["best_speedup"] = best
+    return out
+
+
+def flat_keys(result: dict[str, Any]) -> dict[str, Any]:
+    """The headline keys: ``<name>.speedup_to_baseline_final``, ``<name>.final_acc``,
+    ``best_speedup``."""
+    flat: dict[str, Any] = {"best_speedup": result["best_speedup"]}
+    for s, d in result["systems"].items():
+        flat[f"{s}.speedup_to_baseline_final"] = d["speedup_to_baseline_final"]
+        flat[f"{s}.final_acc"] = d["final_acc"]["median"]
+    return flat
+
+
+def report(result: dict[str, Any], systems: list[str]) -> None:
+    def sp(d: dict[str, Any], spec: str = "{:.0f}") -> str:
+        if d["median"] is None:
+            return "-"
+        if d["n"] <= 1 or d["min"] == d["max"]:
+            return spec.format(d["median"])
+        hi = "never" if d["max"] is None else spec.format(d["max"])
+        return f"{spec.format(d['median'])} [{fmt(d['min'], spec)}–{hi}]"
+
+    rows = []
+    for s in systems:
+        d = result["systems"].get(s)
+        if d is None:
+            continue
+        rows.append(
+            [
+                s,
+                str(d["runs"]),
+                sp(d["final_acc"], "{:.3f}"),
+                fmt(d["seconds_to_baseline_final"], "{:.0f}", "s"),
+                fmt(d["speedup_to_baseline_final"], "{:.2f}", "x"),
+                sp(d["train_s"]),
+                sp(d["trained_samples"]),
+                sp(d["rollouts"]),
+                sp(d["wasted"]),
+                sp(d["skipped"]),
+                sp(d["replayed_samples"]),
+            ]
+        )
+    title = (
+        f"data algorithms vs baseline (held-out arith L2; baseline final "
+        f"{fmt(result['baseline_final_acc'], '{:.3f}')}, before {fmt(result['acc_before'], '{:.3f}')})"
+    )
+    cols = ["system", "runs", "final acc", "t to base final", "speedup", "train s",
+            "trained samples", "rollouts", "wasted", "skipped", "replayed"]  # fmt: skip
+    console.print(table(title, cols, rows))
+    ladder = result["ladder"]
+    if ladder:
+        lrows = []
+        for s in systems:
+            d = result["systems"].get(s)
+            if d is None:
+                continue
+            cells = []
+            for level in ladder:
+                rung = d["ladder"][str(level)]
+                secs = sp(rung["seconds"])
+                cells.append("never" if secs == "-" else f"{secs}s / {sp(rung['samples'])}")
+            lrows.append([s, *cells])
+        console.print(
+            table(
+                "seconds / trained samples to each accuracy (median [range]; - = never)",
+                ["system", *(f"{lv:.3f}" for lv in ladder)],
+                lrows,
+            )
+        )
+    console.print(
+        f"best speedup to the baseline's final accuracy: {fmt(result['best_speedup'], '{:.2f}', 'x')}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1 seed, 16 steps, 4 systems")
+    ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2; quick 0)")
+    ap.add_argument("--systems", default=None, help=f"subset of {', '.join(SYSTEMS)}")
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--workdir", type=Path, default=None, help="keep the runs here")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    args = ap.parse_args(argv)
+    systems = (
+        parse_systems(ap, args.systems, list(SYSTEMS))
+        if args.systems
+        else (QUICK_SYSTEMS if args.quick else list(SYSTEMS))
+    )
+    if "baseline" not in systems:
+        systems = ["baseline", *systems]
+    seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
+    steps = args.steps or (12 if args.quick else 48)
+    every = max(1, steps // 4)
+    num_eval = 100 if args.quick else 300
+    # small sets so prompts recur (predictive skipping needs a history): ~3 epochs per set
+    limit = 32 if args.quick else 64
+    runs: list[RunResult] = []
+    with bench_workdir(args.workdir, "af-data-algos-") as work:
+        for seed in seeds:
+            for s in systems:  # interleaved: machine load drifts hit every system alike
+                recipe = work / f"{s.replace('+', '_')}.toml"
+                recipe.write_text(
+                    recipe_text(s, steps=steps, every=every, num_eval=num_eval, limit=limit)
+                )
+                runs.append(
+                    run_logged(
+                        f"{s} seed {seed}",
+                        lambda recipe=recipe, s=s, seed=seed: run_recipe(
+                            recipe,
+                            [],
+                            system=s.replace("+", "_"),
+                            seed=seed,
+                            workdir=work,
+                            timeout_s=args.timeout,
+                        ),  # fmt: skip
+                        lambda p: f"final acc {fmt(p.accuracy_final if p else None, '{:.3f}')}",
+                    )
+                )
+                runs[-1].system = s
+        result = analyse(runs, systems)
+        report(result, systems)
+        print_failures(
+            runs,
+            [
+                "equal trained samples: every system takes the same steps of 16 groups x 8",
+                "timings on a shared 2-core machine are noisy; see --seeds for spread",
+            ],
+        )
+        if args.json:
+            write_json(
+                args.json,
+                {
+                    **flat_keys(result),
+                    "quick": args.quick,
+                    "seeds": seeds,
+                    "steps": steps,
+                    "result": result,
+                    "runs": [r.to_json() for r in runs],
+                },
+            )
+    return 0 if all(r.ok for r in runs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
