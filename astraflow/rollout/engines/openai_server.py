@@ -220,6 +220,7 @@ def create_app(
     if unknown:
         raise ValueError(f"unknown endpoints {sorted(unknown)}; expected 'completions' or 'chat'")
     app = FastAPI(title=title or f"AstraFlow OpenAI-compatible server ({model_name or 'router'})")
+    _openai_errors(app)
 
     def authorize(request: Request) -> Any:
         header = request.headers.get("authorization", "")
@@ -369,6 +370,42 @@ def create_app(
             return _sse(_chat_chunks(tokenizer, body, envelope, gens, texts))
 
     return app
+
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    422: "invalid_request_error",
+}
+
+
+def _openai_errors(app: FastAPI) -> None:
+    """Errors in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``): the SDKs
+    read the message from there, so a client sees what was wrong, not just a status code."""
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    def body(status: int, message: str, param: str | None = None) -> JSONResponse:
+        kind = _ERROR_TYPES.get(
+            status, "server_error" if status >= 500 else "invalid_request_error"
+        )
+        error = {"message": message, "type": kind, "param": param, "code": status}
+        return JSONResponse({"error": error}, status_code=status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return body(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            f"{'.'.join(str(p) for p in e['loc'] if p != 'body')}: {e['msg']}" for e in exc.errors()
+        ]
+        first = exc.errors()[0]["loc"] if exc.errors() else ()
+        param = ".".join(str(p) for p in first if p != "body") or None
+        return body(422, "invalid request: " + "; ".join(problems), param)
 
 
 def _chunk_base(envelope: dict[str, Any], kind: str) -> dict[str, Any]:
