@@ -245,6 +245,14 @@ def create_app(
         except (ValueError, TypeError) as exc:
             raise HTTPException(400, str(exc)) from exc
 
+    def check_recordable(route: Route, body: _Body) -> None:
+        if route.recorder is not None and body.n != 1:
+            raise HTTPException(
+                400,
+                f"n must be 1 on a recording endpoint, got {body.n}: each call extends one "
+                "conversation (the node already runs task.group_size episodes per task)",
+            )
+
     def recorded(call, *args):
         try:
             return call(*args)
@@ -271,6 +279,7 @@ def create_app(
         @app.post("/v1/completions")
         async def completions(body: CompletionRequest, caller: Any = Depends(authorize)):
             route = resolve(caller, body.model)
+            check_recordable(route, body)
             tokenizer = route.engine.tokenizer
             if isinstance(body.prompt, str):
                 prompt_ids = tokenizer.encode(body.prompt)
@@ -286,7 +295,7 @@ def create_app(
             texts = [_text(tokenizer, gen, params.stop) for gen in gens]
             if route.recorder is not None:
                 for gen, text in zip(gens, texts, strict=True):
-                    route.recorder.record(body.model, prompt_ids, gen, text, None)
+                    recorded(route.recorder.record, body.model, prompt_ids, gen, text, None)
             choices = []
             for i, (gen, text) in enumerate(zip(gens, texts, strict=True)):
                 choice: dict[str, Any] = {
@@ -322,6 +331,7 @@ def create_app(
         @app.post("/v1/chat/completions")
         async def chat(body: ChatRequest, caller: Any = Depends(authorize)):
             route = resolve(caller, body.model)
+            check_recordable(route, body)
             tokenizer = route.engine.tokenizer
             messages = [m.model_dump() for m in body.messages]
             try:
@@ -344,7 +354,7 @@ def create_app(
             texts = [_text(tokenizer, gen, params.stop) for gen in gens]
             if route.recorder is not None:
                 for gen, text in zip(gens, texts, strict=True):
-                    route.recorder.record(body.model, prompt_ids, gen, text, messages)
+                    recorded(route.recorder.record, body.model, prompt_ids, gen, text, messages)
             choices = []
             for i, (gen, text) in enumerate(zip(gens, texts, strict=True)):
                 choice: dict[str, Any] = {
