@@ -64,7 +64,7 @@ def load_agent(ref: str) -> tuple[Any, bool]:
         raise WorkflowError(f"workflow.agent {ref!r}: {where!r} has no attribute {name!r}")
     if not (
         inspect.iscoroutinefunction(fn)
-        or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+        or (callable(fn) and inspect.iscoroutinefunction(type(fn).__call__))
     ):
         raise WorkflowError(
             f"workflow.agent {ref!r} must be an async function: "
