@@ -50,8 +50,9 @@ class _SessionRouter:
 class AgentGateway:
     """Starts on first use in the running loop; ``base_url`` is ``http://127.0.0.1:PORT/v1``."""
 
-    def __init__(self, host: str = "127.0.0.1"):
+    def __init__(self, host: str = "127.0.0.1", pool_size: int = 16):
         self.host = host
+        self.pool_size = pool_size
         self._sessions: dict[str, AgentSession] = {}
         self._server: LoopServer | None = None
         self._http: Any = None
@@ -82,7 +83,14 @@ class AgentGateway:
         if self._http is None:
             import openai
 
-            self._http = openai.DefaultAsyncHttpxClient(trust_env=False)
+            import httpx
+
+            # A bounded pool: httpcore checks every pooled connection on each request, and on
+            # loopback a few connections carry all the traffic (the SDK's default allows 1000).
+            limits = httpx.Limits(
+                max_connections=self.pool_size, max_keepalive_connections=self.pool_size
+            )
+            self._http = openai.DefaultAsyncHttpxClient(trust_env=False, limits=limits)
         return self._http
 
     def open(self, session: AgentSession) -> str:
