@@ -81,9 +81,8 @@ class AgentGateway:
     def http_client(self):
         """One pooled HTTP client for every episode's SDK client (no proxies: loopback)."""
         if self._http is None:
-            import openai
-
             import httpx
+            import openai
 
             # A bounded pool: httpcore checks every pooled connection on each request, and on
             # loopback a few connections carry all the traffic (the SDK's default allows 1000).
