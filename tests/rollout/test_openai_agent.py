@@ -114,6 +114,22 @@ def test_a_conversation_grows_one_sequence_without_retokenizing():
     assert traj.num_turns == 2 and ep.metrics["calls"] == 2.0
 
 
+def test_completions_calls_continue_their_own_text():
+    (ep,), engine = run_episodes(agent("complete_twice"), [task("5+29", "34")])
+    assert not isinstance(ep, BaseException), ep
+    (traj,) = ep.trajectories
+    tok = engine.tokenizer
+    prompt = tok.encode("<|user|>5+29<|end|><|assistant|>")
+    first = greedy(prompt, 6)
+    # only the text the agent added after the returned text is encoded; the first call's ids stay
+    # exactly as generated
+    added = tok.encode("<|end|><|user|>5+29<|end|><|assistant|>", add_special_tokens=False)
+    second = greedy(prompt + first.token_ids + added, 6)
+    assert traj.tokens == prompt + first.token_ids + added + second.token_ids
+    assert sum(traj.loss_mask) == len(first.token_ids) + len(second.token_ids)
+    assert traj.num_turns == 2 and ep.rewards == {"agent": 0.5}
+
+
 def test_two_model_names_are_two_roles_with_their_own_rewards():
     (ep,), _ = run_episodes(agent("solve_and_check"), [task()], roles=("solver", "checker"))
     assert not isinstance(ep, BaseException), ep

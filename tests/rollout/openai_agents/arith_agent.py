@@ -66,3 +66,12 @@ async def rewrites_history(client: AsyncOpenAI, task: dict) -> float:
 
 def not_async(client, task):
     return 1.0
+
+
+async def complete_twice(client: AsyncOpenAI, task: dict) -> float:
+    """The completions API, continuing its own text: prompt, reply, then a second turn."""
+    prompt = f"<|user|>{task['question']}<|end|><|assistant|>"
+    first = await client.completions.create(model="agent", prompt=prompt, max_tokens=6)
+    prompt += first.choices[0].text + f"<|end|><|user|>{task['question']}<|end|><|assistant|>"
+    await client.completions.create(model="agent", prompt=prompt, max_tokens=6)
+    return 0.5
