@@ -35,7 +35,11 @@ app.command("train", help="Train policies from a TOML recipe (starts every servi
 app.add_typer(eval_cmd.app, name="eval", help="Evaluate a policy on benchmarks (agentbench, ...).")
 app.add_typer(envs.app, name="envs", help="List, inspect and check environments.")
 app.add_typer(tasks.app, name="tasks", help="List and inspect task sets (built-in and plugins).")
-app.add_typer(serve.app, name="serve", help="Run one service: dataflow, rollout or trainer.")
+app.add_typer(
+    serve.app,
+    name="serve",
+    help="Run one service: dataflow, rollout, trainer, weight-cache, policy.",
+)
 app.command("status", help="Live view of a running job's dataflow service.")(status.status)
 app.add_typer(recipe.app, name="recipe", help="Validate and inspect recipes.")
 app.add_typer(models.app, name="models", help="Build and list built-in models.")

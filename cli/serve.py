@@ -341,3 +341,78 @@ def weight_cache(
         run(create_cache_app(cache), host, port, port_file, log_level="warning")
     finally:
         cache.close()
+
+
+@app.command()
+def policy(
+    model: str = typer.Argument(
+        ...,
+        help="builtin:NAME, a checkpoint directory, a run directory (its latest checkpoint) "
+        "or a Hugging Face id",
+    ),
+    engine: str = typer.Option("transformers", "--engine", help="transformers | vllm"),
+    name: str = typer.Option(
+        None, "--name", help="Model name clients pass as `model` (default: MODEL as given)"
+    ),
+    api_key: str = typer.Option(
+        None,
+        "--api-key",
+        envvar="ASTRAFLOW_API_KEY",
+        help="Bearer key clients must send (default: a fresh one, printed at start)",
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address"),
+    port: int = typer.Option(8000, "--port", help="Port; 0 picks a free one"),
+    port_file: Path = typer.Option(
+        None, "--port-file", help="Write http://host:port here once listening"
+    ),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N"),
+    threads: int = typer.Option(1, "--threads", min=1, help="torch threads for this process"),
+    engine_arg: list[str] = typer.Option(
+        [], "--engine-arg", help="KEY=VALUE passed to the engine (repeatable; VALUE read as JSON)"
+    ),
+    log_level: str = typer.Option("warning", "--log-level"),
+) -> None:
+    """OpenAI-compatible server for one policy: /v1/models, /v1/chat/completions (streaming),
+    /v1/completions (text or token ids in, token ids and log-probs out)."""
+    import asyncio
+    import secrets
+
+    from cli.common import console, fail
+    from cli.eval import parse_engine_args
+
+    if engine not in ("transformers", "vllm"):
+        fail(f"--engine must be 'transformers' or 'vllm', got {engine!r}")
+    try:
+        args = parse_engine_args(engine_arg)
+    except ValueError as exc:
+        fail(str(exc))
+    generated = not api_key
+    api_key = api_key or secrets.token_urlsafe(24)
+    from astraflow.dataflow.server import serve, url_for
+    from astraflow.rollout.engines.openai_server import create_app
+    from astraflow.rollout.policy_server import PolicyServerOptions, build_engine
+
+    opts = PolicyServerOptions(
+        model=model, api_key=api_key, engine=engine, served_name=name, device=device,
+        torch_threads=threads, engine_args=args,
+    )  # fmt: skip
+
+    async def main() -> None:
+        try:
+            served = build_engine(opts)
+        except (FileNotFoundError, ValueError) as exc:
+            fail(str(exc))
+        served_name = name or model
+        try:
+            console.print(
+                f"[bold]policy[/] {model!r} ({engine}, weights v{served.version}) as model "
+                f"{served_name!r} on {url_for(host, port) if port else host + ':(free port)'}/v1",
+                highlight=False,
+            )
+            if generated:
+                console.print(f"api key: {api_key}", highlight=False)
+            await serve(create_app(served, served_name, api_key), host, port, port_file, log_level)
+        finally:
+            await served.close()
+
+    asyncio.run(main())

@@ -295,6 +295,32 @@ class WorkflowConfig(Section):
     )
     max_turns: int = Field(default=1, ge=1)
     kwargs: dict[str, Any] = Field(default_factory=dict)
+    agent: str | None = Field(
+        default=None,
+        description="openai_agent workflow: the agent function, 'package.module:function' or "
+        "'path/to/file.py:function'",
+    )
+
+    @model_validator(mode="after")
+    def _agent_named(self) -> WorkflowConfig:
+        if self.agent is not None:
+            where, sep, fn = self.agent.partition(":")
+            if not sep or not where.strip() or not fn.strip() or ":" in fn:
+                raise ValueError(
+                    f"workflow.agent must be 'package.module:function' or "
+                    f"'path/to/file.py:function', got {self.agent!r}"
+                )
+            if self.name != "openai_agent":
+                raise ValueError(
+                    f"workflow.agent is set but workflow.name is {self.name!r}; the agent runs "
+                    "only with workflow.name = 'openai_agent'"
+                )
+        elif self.name == "openai_agent":
+            raise ValueError(
+                "workflow.name = 'openai_agent' needs workflow.agent = 'package.module:function' "
+                "(an async function taking an openai.AsyncOpenAI client and the task payload)"
+            )
+        return self
 
 
 class DataflowPolicyConfig(Section):

@@ -529,7 +529,9 @@ class RolloutNode:
     async def _run_group(self, task: Task) -> list[Episode]:
         spec = self.workflows(task.workflow)
         roles = self.settings.roles or {r: r for r in spec.roles}
-        missing = [r for r in spec.roles if roles.get(r) not in self.policies]
+        # a workflow without fixed roles (openai_agent) plays every role the recipe maps
+        wanted = spec.roles or tuple(roles)
+        missing = [r for r in wanted if roles.get(r) not in self.policies]
         if missing:
             raise RuntimeError(f"node serves no policy for roles {missing} of workflow {spec.name}")
         # Every generation of this group is scheduled by when the group started: an engine with
@@ -537,7 +539,7 @@ class RolloutNode:
         # (and reach the trainer) in the order they were leased, not all together at the end.
         started = time.monotonic()
         by_role = {}
-        for role in spec.roles:
+        for role in wanted:
             served = self.policies[roles[role]]
             sampling = replace(served.sampling, priority=started)
             by_role[role] = RolePolicy(served.name, served.engine, sampling, served.trainable)

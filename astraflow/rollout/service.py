@@ -118,6 +118,7 @@ async def _run(opts: NodeOptions, recipe: Recipe | None) -> int:
     recipe = recipe or served_recipe
     client = DataflowClient(opts.join, opts.token, ca_file=opts.ca_file)
     policies: dict[str, Any] = {}
+    workflows = None
     try:
         policies = build_policies(recipe, opts)
         workflows = default_workflows()
@@ -151,7 +152,11 @@ async def _run(opts: NodeOptions, recipe: Recipe | None) -> int:
             name=opts.name,
             replace=opts.replace,
             region=opts.region or recipe.rollout.region,
-            workflow_kwargs={"max_turns": recipe.workflow.max_turns, **recipe.workflow.kwargs},
+            workflow_kwargs={
+                "max_turns": recipe.workflow.max_turns,
+                **recipe.workflow.kwargs,
+                **({"agent": recipe.workflow.agent} if recipe.workflow.agent else {}),
+            },
             roles=dict(recipe.workflow.roles),
             drain_timeout_s=opts.drain_timeout_s,
             env_workers=opts.env_workers or recipe.rollout.env_workers,
@@ -170,6 +175,11 @@ async def _run(opts: NodeOptions, recipe: Recipe | None) -> int:
         log.info("node done: %s", stats.as_metrics())
         return 0
     finally:
+        if workflows is not None:
+            try:
+                await workflows.aclose()  # the openai_agent endpoint, if one was started
+            except Exception as exc:
+                log.debug("closing workflows: %s", exc)
         for p in policies.values():
             try:
                 await p.engine.close()

@@ -1,21 +1,34 @@
 """Serve any :class:`Engine` as an OpenAI-compatible endpoint (``/v1/completions``, chat, models).
 
-Why: a frozen policy (an opponent, a judge) trained here can be served to other runs, tools and the
-``openai`` engine without vLLM. The completions route takes a text prompt or a list of token ids and,
-like vLLM, returns the generated token ids when asked (``return_token_ids``) and per-token log-probs
-(``logprobs``), so token-in/token-out clients lose nothing. Every route except ``GET /healthz`` and
+Why: a policy trained here can be served to other runs, tools and agent code (``astraflow serve
+policy``), and the rollout node serves its own engines this way to agent code written against the
+``openai`` SDK (the ``openai_agent`` workflow), recording every call. The completions route takes a
+text prompt or a list of token ids and, like vLLM, returns the generated token ids when asked
+(``return_token_ids``) and per-token log-probs (``logprobs``), so token-in/token-out clients lose
+nothing. Both generation routes stream Server-Sent Events when ``stream`` is true; our engines return
+whole completions, so a stream carries a completion token by token once it is generated (the SSE
+framing clients expect, not a lower time to first token). Every route except ``GET /healthz`` and
 ``GET /health`` needs ``Authorization: Bearer <api_key>``.
+
+Who may call and what a model name means is a :class:`Router`'s job: :class:`StaticRouter` serves a
+fixed table of engines under one API key; the ``openai_agent`` workflow's router resolves each
+episode's own key to that episode's engines and a :class:`CallRecorder`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import secrets
 import threading
 import time
 import uuid
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Protocol
 
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from astraflow.rollout.engines.base import Engine, Generation, SamplingParams
@@ -34,6 +47,8 @@ class _Body(BaseModel):
     seed: int | None = None
     ignore_eos: bool = False
     return_token_ids: bool = False
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Body):
@@ -55,18 +70,106 @@ class ChatRequest(_Body):
     logprobs: bool = False
 
 
-def _params(body: _Body, max_tokens: int) -> SamplingParams:
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    return SamplingParams(
-        n=body.n,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        max_tokens=max_tokens,
-        stop=tuple(stop),
-        stop_token_ids=tuple(body.stop_token_ids or ()),
-        seed=body.seed,
-        ignore_eos=body.ignore_eos,
-    )
+class CallRecorder(Protocol):
+    """Sees every generation of one client (an episode) so its calls can become training data.
+
+    ``chat_prompt``/``completion_prompt`` may replace the prompt ids the server would render (to
+    reuse the exact ids of the conversation so far instead of re-tokenizing its text) and raise
+    :class:`CallRejected` for a call that cannot be recorded; ``record`` gets each call's ids."""
+
+    def chat_prompt(
+        self, model: str, messages: list[dict[str, str]], rendered: list[int]
+    ) -> list[int]: ...
+
+    def completion_prompt(
+        self, model: str, prompt: str | list[int], encoded: list[int]
+    ) -> list[int]: ...
+
+    def record(
+        self,
+        model: str,
+        prompt_ids: list[int],
+        gen: Generation,
+        text: str,
+        messages: list[dict[str, str]] | None,
+    ) -> None: ...
+
+
+class CallRejected(ValueError):
+    """A call the recorder cannot turn into training data; answered 400 with this message."""
+
+
+@dataclass
+class Route:
+    """What one model name resolves to for one caller."""
+
+    engine: Engine
+    #: sampling values used for fields the request leaves out (the policy's recipe settings)
+    defaults: SamplingParams | None = None
+    #: values that win over the request's (an evaluation's greedy decoding, a token budget)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    recorder: CallRecorder | None = None
+
+
+class Router(Protocol):
+    def authorize(self, token: str) -> Any | None:
+        """The caller's context for a bearer token, or None (401)."""
+
+    def models(self, caller: Any) -> list[str]: ...
+
+    def route(self, caller: Any, model: str) -> Route:
+        """The route of ``model`` for ``caller``; KeyError when it is not served to them (404)."""
+
+
+class StaticRouter:
+    """A fixed table ``model name -> engine`` behind one API key (``astraflow serve policy``)."""
+
+    def __init__(
+        self,
+        engines: Mapping[str, Engine],
+        api_key: str,
+        defaults: Mapping[str, SamplingParams] | None = None,
+    ):
+        if not api_key:
+            raise ValueError("api_key is required: every route but /healthz needs a bearer token")
+        if not engines:
+            raise ValueError("at least one model must be served")
+        self._routes = {
+            name: Route(engine, (defaults or {}).get(name)) for name, engine in engines.items()
+        }
+        self._key = api_key
+
+    def authorize(self, token: str) -> Any | None:
+        return True if secrets.compare_digest(token, self._key) else None
+
+    def models(self, caller: Any) -> list[str]:
+        return list(self._routes)
+
+    def route(self, caller: Any, model: str) -> Route:
+        return self._routes[model]
+
+
+_SAMPLING_FIELDS = ("n", "temperature", "top_p", "seed", "ignore_eos")
+
+
+def _params(body: _Body, route: Route, max_tokens: int | None) -> SamplingParams:
+    """The request's sampling settings; fields it leaves out come from the route's defaults."""
+    base = route.defaults or SamplingParams()
+    given = body.model_fields_set
+    values: dict[str, Any] = {
+        f: getattr(body, f) for f in _SAMPLING_FIELDS if f in given or route.defaults is None
+    }
+    if "stop" in given or route.defaults is None:
+        values["stop"] = tuple([body.stop] if isinstance(body.stop, str) else (body.stop or []))
+    if "stop_token_ids" in given or route.defaults is None:
+        values["stop_token_ids"] = tuple(body.stop_token_ids or ())
+    if max_tokens is not None:
+        values["max_tokens"] = max_tokens
+    values.update(route.overrides)
+    try:
+        return replace(base, **values)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from exc
 
 
 def _text(tokenizer: Any, gen: Generation, stops: tuple[str, ...]) -> str:
@@ -76,37 +179,84 @@ def _text(tokenizer: Any, gen: Generation, stops: tuple[str, ...]) -> str:
     return text[: min(cuts)] if cuts else text
 
 
+def _pieces(tokenizer: Any, gen: Generation, text: str) -> list[str]:
+    """``text`` split at token boundaries (the deltas of a stream), each token's new characters."""
+    pieces, done = [], ""
+    for i in range(1, len(gen.token_ids) + 1):
+        upto = tokenizer.decode(gen.token_ids[:i], skip_special_tokens=True)[: len(text)]
+        if len(upto) > len(done) and text.startswith(upto):
+            pieces.append(upto[len(done) :])
+            done = upto
+    if done != text:  # decoding prefixes did not reproduce the text: send the rest at once
+        pieces.append(text[len(done) :])
+    return pieces
+
+
+def _sse(chunks: list[dict[str, Any]]) -> StreamingResponse:
+    async def events() -> AsyncIterator[str]:
+        for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
 def create_app(
-    engine: Engine,
-    model_name: str,
-    api_key: str,
+    engine: Engine | None = None,
+    model_name: str | None = None,
+    api_key: str | None = None,
     endpoints: tuple[str, ...] = ("completions", "chat"),
+    *,
+    router: Router | None = None,
+    title: str | None = None,
 ) -> FastAPI:
-    """A FastAPI app serving ``engine`` under ``model_name``; ``endpoints`` picks the routes."""
-    if not api_key:
-        raise ValueError("api_key is required: every route but /healthz needs a bearer token")
+    """A FastAPI app serving ``engine`` under ``model_name`` behind ``api_key``, or whatever
+    ``router`` resolves; ``endpoints`` picks the generation routes."""
+    if router is None:
+        if engine is None or not model_name:
+            raise ValueError("give an engine and its model_name, or a router")
+        router = StaticRouter({model_name: engine}, api_key or "")
     unknown = set(endpoints) - {"completions", "chat"}
     if unknown:
         raise ValueError(f"unknown endpoints {sorted(unknown)}; expected 'completions' or 'chat'")
-    app = FastAPI(title=f"AstraFlow OpenAI-compatible server ({model_name})")
-    tokenizer = engine.tokenizer
+    app = FastAPI(title=title or f"AstraFlow OpenAI-compatible server ({model_name or 'router'})")
+    _openai_errors(app)
 
-    def authorize(request: Request) -> None:
+    def authorize(request: Request) -> Any:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), api_key):
+        caller = router.authorize(token.strip()) if scheme.lower() == "bearer" else None
+        if caller is None:
             raise HTTPException(401, "missing or wrong 'Authorization: Bearer <api key>' header")
+        return caller
 
-    def check_model(name: str) -> None:
-        if name != model_name:
+    def resolve(caller: Any, name: str) -> Route:
+        try:
+            return router.route(caller, name)
+        except KeyError:
+            served = ", ".join(repr(m) for m in router.models(caller))
             raise HTTPException(
-                404, f"model {name!r} is not served here; this server has {model_name!r}"
+                404, f"model {name!r} is not served here; this server has {served}"
+            ) from None
+
+    async def run(route: Route, prompt_ids: list[int], params: SamplingParams) -> list[Generation]:
+        try:
+            return await route.engine.generate(prompt_ids, params)
+        except (ValueError, TypeError) as exc:
+            raise HTTPException(400, str(exc)) from exc
+
+    def check_recordable(route: Route, body: _Body) -> None:
+        if route.recorder is not None and body.n != 1:
+            raise HTTPException(
+                400,
+                f"n must be 1 on a recording endpoint, got {body.n}: each call extends one "
+                "conversation (the node already runs task.group_size episodes per task)",
             )
 
-    async def run(prompt_ids: list[int], params: SamplingParams) -> list[Generation]:
+    def recorded(call, *args):
         try:
-            return await engine.generate(prompt_ids, params)
-        except (ValueError, TypeError) as exc:
+            return call(*args)
+        except CallRejected as exc:
             raise HTTPException(400, str(exc)) from exc
 
     @app.get("/healthz")
@@ -114,29 +264,43 @@ def create_app(
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/v1/models", dependencies=[Depends(authorize)])
-    async def models() -> dict[str, Any]:
+    @app.get("/v1/models")
+    async def models(caller: Any = Depends(authorize)) -> dict[str, Any]:
         return {
             "object": "list",
-            "data": [{"id": model_name, "object": "model", "owned_by": "astraflow"}],
+            "data": [
+                {"id": m, "object": "model", "created": 0, "owned_by": "astraflow"}
+                for m in router.models(caller)
+            ],
         }
 
     if "completions" in endpoints:
 
-        @app.post("/v1/completions", dependencies=[Depends(authorize)])
-        async def completions(body: CompletionRequest) -> dict[str, Any]:
-            check_model(body.model)
+        @app.post("/v1/completions")
+        async def completions(body: CompletionRequest, caller: Any = Depends(authorize)):
+            route = resolve(caller, body.model)
+            check_recordable(route, body)
+            tokenizer = route.engine.tokenizer
             if isinstance(body.prompt, str):
                 prompt_ids = tokenizer.encode(body.prompt)
             else:
                 prompt_ids = list(body.prompt)
-            params = _params(body, body.max_tokens)
-            gens = await run(prompt_ids, params)
+            if route.recorder is not None:
+                prompt_ids = recorded(
+                    route.recorder.completion_prompt, body.model, body.prompt, prompt_ids
+                )
+            given_max = "max_tokens" in body.model_fields_set or route.defaults is None
+            params = _params(body, route, body.max_tokens if given_max else None)
+            gens = await run(route, prompt_ids, params)
+            texts = [_text(tokenizer, gen, params.stop) for gen in gens]
+            if route.recorder is not None:
+                for gen, text in zip(gens, texts, strict=True):
+                    recorded(route.recorder.record, body.model, prompt_ids, gen, text, None)
             choices = []
-            for i, gen in enumerate(gens):
+            for i, (gen, text) in enumerate(zip(gens, texts, strict=True)):
                 choice: dict[str, Any] = {
                     "index": i,
-                    "text": _text(tokenizer, gen, params.stop),
+                    "text": text,
                     "finish_reason": gen.finish_reason,
                     "stop_reason": gen.meta.get("stop"),
                     "logprobs": None,
@@ -157,13 +321,18 @@ def create_app(
                     choice["token_ids"] = gen.token_ids
                     choice["prompt_token_ids"] = prompt_ids
                 choices.append(choice)
-            return _envelope("text_completion", model_name, choices, prompt_ids, gens)
+            envelope = _envelope("text_completion", body.model, choices, prompt_ids, gens)
+            if not body.stream:
+                return envelope
+            return _sse(_completion_chunks(tokenizer, body, envelope, gens, texts))
 
     if "chat" in endpoints:
 
-        @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
-        async def chat(body: ChatRequest) -> dict[str, Any]:
-            check_model(body.model)
+        @app.post("/v1/chat/completions")
+        async def chat(body: ChatRequest, caller: Any = Depends(authorize)):
+            route = resolve(caller, body.model)
+            check_recordable(route, body)
+            tokenizer = route.engine.tokenizer
             messages = [m.model_dump() for m in body.messages]
             try:
                 prompt_ids = tokenizer.apply_chat_template(
@@ -175,14 +344,22 @@ def create_app(
                 ) from exc
             if hasattr(prompt_ids, "keys"):
                 prompt_ids = prompt_ids["input_ids"]
-            max_tokens = body.max_completion_tokens or body.max_tokens or 256
-            params = _params(body, max_tokens)
-            gens = await run(list(prompt_ids), params)
+            prompt_ids = list(prompt_ids)
+            if route.recorder is not None:
+                prompt_ids = recorded(route.recorder.chat_prompt, body.model, messages, prompt_ids)
+            params = _params(body, route, body.max_completion_tokens or body.max_tokens)
+            if route.defaults is None and not (body.max_completion_tokens or body.max_tokens):
+                params = replace(params, max_tokens=256)
+            gens = await run(route, prompt_ids, params)
+            texts = [_text(tokenizer, gen, params.stop) for gen in gens]
+            if route.recorder is not None:
+                for gen, text in zip(gens, texts, strict=True):
+                    recorded(route.recorder.record, body.model, prompt_ids, gen, text, messages)
             choices = []
-            for i, gen in enumerate(gens):
+            for i, (gen, text) in enumerate(zip(gens, texts, strict=True)):
                 choice: dict[str, Any] = {
                     "index": i,
-                    "message": {"role": "assistant", "content": _text(tokenizer, gen, params.stop)},
+                    "message": {"role": "assistant", "content": text},
                     "finish_reason": gen.finish_reason,
                     "logprobs": None,
                 }
@@ -195,11 +372,102 @@ def create_app(
                     }
                 if body.return_token_ids:
                     choice["token_ids"] = gen.token_ids
-                    choice["prompt_token_ids"] = list(prompt_ids)
+                    choice["prompt_token_ids"] = prompt_ids
                 choices.append(choice)
-            return _envelope("chat.completion", model_name, choices, list(prompt_ids), gens)
+            envelope = _envelope("chat.completion", body.model, choices, prompt_ids, gens)
+            if not body.stream:
+                return envelope
+            return _sse(_chat_chunks(tokenizer, body, envelope, gens, texts))
 
     return app
+
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    422: "invalid_request_error",
+}
+
+
+def _openai_errors(app: FastAPI) -> None:
+    """Errors in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``): the SDKs
+    read the message from there, so a client sees what was wrong, not just a status code."""
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    def body(status: int, message: str, param: str | None = None) -> JSONResponse:
+        kind = _ERROR_TYPES.get(
+            status, "server_error" if status >= 500 else "invalid_request_error"
+        )
+        error = {"message": message, "type": kind, "param": param, "code": status}
+        return JSONResponse({"error": error}, status_code=status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return body(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            f"{'.'.join(str(p) for p in e['loc'] if p != 'body')}: {e['msg']}" for e in exc.errors()
+        ]
+        first = exc.errors()[0]["loc"] if exc.errors() else ()
+        param = ".".join(str(p) for p in first if p != "body") or None
+        return body(422, "invalid request: " + "; ".join(problems), param)
+
+
+def _chunk_base(envelope: dict[str, Any], kind: str) -> dict[str, Any]:
+    return {
+        "id": envelope["id"],
+        "object": kind,
+        "created": envelope["created"],
+        "model": envelope["model"],
+        "system_fingerprint": envelope["system_fingerprint"],
+    }
+
+
+def _usage_chunk(body: _Body, envelope: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    if not (body.stream_options or {}).get("include_usage"):
+        return []
+    return [{**_chunk_base(envelope, kind), "choices": [], "usage": envelope["usage"]}]
+
+
+def _chat_chunks(
+    tokenizer: Any, body: ChatRequest, envelope: dict, gens: list[Generation], texts: list[str]
+) -> list[dict[str, Any]]:
+    """``chat.completion.chunk`` events: the role, the content token by token, the finish reason."""
+    kind = "chat.completion.chunk"
+    out = []
+    for i, (gen, text) in enumerate(zip(gens, texts, strict=True)):
+        first = {"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+        out.append({**_chunk_base(envelope, kind), "choices": [first]})
+        for piece in _pieces(tokenizer, gen, text):
+            delta = {"index": i, "delta": {"content": piece}, "finish_reason": None}
+            out.append({**_chunk_base(envelope, kind), "choices": [delta]})
+        last = {"index": i, "delta": {}, "finish_reason": gen.finish_reason}
+        out.append({**_chunk_base(envelope, kind), "choices": [last]})
+    return out + _usage_chunk(body, envelope, kind)
+
+
+def _completion_chunks(
+    tokenizer: Any,
+    body: CompletionRequest,
+    envelope: dict,
+    gens: list[Generation],
+    texts: list[str],
+) -> list[dict[str, Any]]:
+    """``text_completion`` events: the text token by token, then the finish reason."""
+    kind = "text_completion"
+    out = []
+    for i, (gen, text) in enumerate(zip(gens, texts, strict=True)):
+        for piece in _pieces(tokenizer, gen, text):
+            choice = {"index": i, "text": piece, "finish_reason": None, "logprobs": None}
+            out.append({**_chunk_base(envelope, kind), "choices": [choice]})
+        last = {"index": i, "text": "", "finish_reason": gen.finish_reason, "logprobs": None}
+        out.append({**_chunk_base(envelope, kind), "choices": [last]})
+    return out + _usage_chunk(body, envelope, kind)
 
 
 def _envelope(
@@ -219,6 +487,53 @@ def _envelope(
         },
         "system_fingerprint": f"astraflow-v{gens[0].version}" if gens else None,
     }
+
+
+class LoopServer:
+    """Run an ASGI app with uvicorn as a task of the CURRENT event loop.
+
+    Why: the rollout node's engines are driven from its event loop; an endpoint that shares them
+    must serve on that same loop (a second thread with its own loop would call an engine from a
+    loop it was not made for). ``await start()`` returns once the socket listens; ``await stop()``.
+    """
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0):
+        import uvicorn
+
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        self._server = uvicorn.Server(config)
+        # uvicorn installs signal handlers in serve(); the node owns SIGTERM/SIGINT
+        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._task: asyncio.Task | None = None
+        self.host = host
+        self.base_url: str | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self, timeout: float = 30.0) -> LoopServer:
+        self.loop = asyncio.get_running_loop()
+        self._task = asyncio.create_task(self._server.serve(), name="openai-endpoint")
+        deadline = time.monotonic() + timeout
+        while not self._server.started:  # startup only: uvicorn offers no event to await
+            if self._task.done() or time.monotonic() > deadline:
+                if self._task.done() and self._task.exception() is not None:
+                    raise RuntimeError("the OpenAI-compatible endpoint did not start") from (
+                        self._task.exception()
+                    )
+                raise RuntimeError("the OpenAI-compatible endpoint did not start")
+            await asyncio.sleep(0.01)
+        port = self._server.servers[0].sockets[0].getsockname()[1]
+        self.base_url = f"http://{self.host}:{port}"
+        return self
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self._server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout=10)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            self._task.cancel()
+        self._task = None
 
 
 class BackgroundServer:

@@ -25,11 +25,9 @@ def _builtin_specs() -> list[WorkflowSpec]:
             "One policy, multi-turn loop over any registered env",
         )
     ]
-    try:
-        from astraflow.rollout.workflows import multi_agent
-    except ImportError:
-        return specs
-    return specs + list(multi_agent.SPECS)
+    from astraflow.rollout.workflows import multi_agent, openai_agent
+
+    return specs + list(multi_agent.SPECS) + [openai_agent.spec()]
 
 
 class WorkflowRegistry:
@@ -69,6 +67,13 @@ class WorkflowRegistry:
             raise WorkflowError(
                 f"unknown workflow {name!r}{hint} (known: {', '.join(sorted(self._specs))})"
             ) from None
+
+    async def aclose(self) -> None:
+        """Release what workflow objects hold (the ``openai_agent`` endpoint of a node)."""
+        for spec in self._specs.values():
+            close = getattr(spec.fn, "aclose", None)
+            if close is not None:
+                await close()
 
     def specs(self) -> list[WorkflowSpec]:
         return sorted(self._specs.values(), key=lambda s: s.name)

@@ -58,6 +58,11 @@ class ChatRenderer:
     ) -> list[int]:
         """Ids that close the assistant turn (if the engine did not), add ``observation`` as a new
         message of ``role`` and open the next assistant turn."""
+        return self.messages_ids([{"role": role, "content": observation}], generated_ids)
+
+    def messages_ids(self, messages: list[dict[str, str]], generated_ids: list[int]) -> list[int]:
+        """Ids that close the assistant turn (if the engine did not), add ``messages`` (a tool
+        result, a user turn, several of them) and open the next assistant turn."""
         tok = self.tokenizer
         closing = self.after_assistant_text()
         eos = tok.eos_token
@@ -73,9 +78,9 @@ class ChatRenderer:
             {"role": "assistant", "content": _PROBE},
         ]
         before = self._render(probe, False)
-        after = self._render(probe + [{"role": role, "content": observation}], True)
+        after = self._render(probe + list(messages), True)
         if after.startswith(before):
             turn = after[len(before) :]
-        else:  # template does not render incrementally; fall back to rendering the message alone
-            turn = self._render([{"role": role, "content": observation}], True)
+        else:  # template does not render incrementally; fall back to rendering the messages alone
+            turn = self._render(list(messages), True)
         return self.encode(closing + turn)
