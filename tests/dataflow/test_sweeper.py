@@ -12,24 +12,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from dataflow_helpers import TOKEN, ThreadedService, make_recipe
+from dataflow_helpers import TOKEN, ManualClock, ThreadedService, make_recipe
 
 from astraflow.protocol.client import SyncDataflowClient
 
 WAIT_S = 30.0
-
-
-class ManualClock:
-    """Service time that moves only when the test says so, and can be made to fail."""
-
-    def __init__(self, start: float) -> None:
-        self.now = start
-        self.broken = False
-
-    def __call__(self) -> float:
-        if self.broken:
-            raise RuntimeError("clock source unavailable")
-        return self.now
 
 
 class _Records(logging.Handler):
@@ -82,7 +69,7 @@ def test_sweeper_logs_a_failed_pass_with_traceback_and_keeps_expiring_leases(tmp
             clock.broken = True
             assert failed.wait(timeout=20), "a failed sweeper pass was not logged"
             clock.broken = False
-            clock.now += 10.0  # a went silent: its lease is now overdue
+            clock.advance(10.0)  # a went silent: its lease is now overdue
             grant = parked.result(timeout=WAIT_S + 10)
             assert [lease.task.id for lease in grant.leases] == [taken.task.id]
             assert recovered.wait(timeout=20), "the sweeper's recovery was not logged"
