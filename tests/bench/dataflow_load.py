@@ -265,10 +265,13 @@ async def _worker(spec: PhaseSpec, first: int, count: int, ready, stop, results)
         DataflowClient(spec.url, TOKEN, timeout=120, retries=3, max_connections=2)
         for _ in range(count)
     ]
-    node_ids = [
-        (await c.register(policies={"policy": 0}, name=f"sim-{first + i}")).node_id
-        for i, c in enumerate(clients)
-    ]
+    registered = await asyncio.gather(
+        *(
+            c.register(policies={"policy": 0}, name=f"sim-{first + i}")
+            for i, c in enumerate(clients)
+        )
+    )
+    node_ids = [r.node_id for r in registered]
     loop = asyncio.get_running_loop()
 
     async def node(i: int) -> None:
@@ -393,7 +396,7 @@ async def run_phase(
     trainer_stop, batch_log = asyncio.Event(), []
     try:
         loop = asyncio.get_running_loop()
-        pids = [await loop.run_in_executor(None, ready.get, True, 120) for _ in procs]
+        pids = [await loop.run_in_executor(None, ready.get, True, 600) for _ in procs]
         gens = [psutil.Process(pid) for pid in pids]
         trainer = asyncio.create_task(
             trainer_loop(client, batch_groups, step_s, trainer_stop, batch_log)
