@@ -41,7 +41,8 @@ from node_helpers import (  # noqa: E402
     wait_for,
 )
 
-pytestmark = pytest.mark.timeout(300)
+# every test runs a dataflow service and rollout node processes: slow tier
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 @pytest.fixture
@@ -67,7 +68,6 @@ def _finish(df: Dataflow, node, timeout: float = 150) -> None:
     assert node.wait(60) == 0, node.output()[-3000:]
 
 
-@pytest.mark.slow  # node processes join and are killed
 def test_elastic_join_then_sigkill_every_task_once(tmp_path, procs):
     n = 60
     df = Dataflow(tmp_path / "df", arith_recipe(tmp_path / "runs", n))
@@ -103,7 +103,6 @@ def test_elastic_join_then_sigkill_every_task_once(tmp_path, procs):
     assert set(winners.values()) == {a_id, b_id}  # both nodes did part of the run
 
 
-@pytest.mark.slow  # node processes finish a run
 def test_sigterm_finishes_or_releases_in_flight_and_deregisters(tmp_path, procs):
     n = 40
     # long leases: nothing here may expire, everything must be finished or released
