@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+# a whole two-policy training run: slow tier
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+# whole training runs (train CLI, kills and restarts): slow tier
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SMALL = [

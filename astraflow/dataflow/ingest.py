@@ -166,6 +166,7 @@ def _insert_samples(
                 lease_id,
                 ep.task_id,
                 policy,
+                group_id_of(ep.task_id, policy),
                 traj.role,
                 float(ep.rewards[traj.role]),
                 a.min_version,
@@ -175,12 +176,22 @@ def _insert_samples(
             )
         )
     tx.executemany(
-        "INSERT INTO samples(id, episode_id, lease_id, task_id, policy, role, reward, min_version, "
-        "max_version, n_tokens, tokens, loss_mask, logprobs, versions) "
-        "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        "INSERT INTO samples(id, episode_id, lease_id, task_id, policy, group_id, role, reward, "
+        "min_version, max_version, n_tokens, tokens, loss_mask, logprobs, versions) "
+        "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         rows,
     )
     return len(rows)
+
+
+def group_id_of(task_id: str, policy: str) -> str:
+    """The id of the group that a task's samples of ``policy`` form once the task completes.
+
+    Samples carry it from their insertion: setting it at completion instead rewrote every sample
+    row with its token arrays (SQLite rewrites a whole row on update), doubling the bytes written
+    per push. Until the group exists no query reaches samples through it, and samples of leases
+    that lose the task are deleted in the transaction that creates the group."""
+    return f"{task_id}/{policy}"
 
 
 def group_stats(rewards: list[float]) -> tuple[float, float]:
@@ -226,7 +237,7 @@ def _complete(ctx: Context, tx: Tx, task_id: str, lease_id: str, task: tuple) ->
         rewards = [s[1] for s in samples]
         mean, std = group_stats(rewards)
         gen_versions = [s[2] for s in samples if s[2] >= 0]
-        group_id = f"{task_id}/{policy}"
+        group_id = group_id_of(task_id, policy)
         view = GroupView(
             id=group_id,
             task_id=task_id,
@@ -263,10 +274,6 @@ def _complete(ctx: Context, tx: Tx, task_id: str, lease_id: str, task: tuple) ->
                 "filtered" if reason else "ready",
                 now,
             ),
-        )
-        tx.execute(
-            "UPDATE samples SET group_id=? WHERE lease_id=? AND policy=?",
-            (group_id, lease_id, policy),
         )
         if reason:
             state.discard_token_arrays(tx, [group_id])

@@ -54,13 +54,15 @@ class PackedArrays:
         return cls._build(t, m, np.asarray(logprobs, dtype="<f4"), v)
 
     @classmethod
-    def _build(cls, t, m, lp, v) -> PackedArrays:
+    def _build(cls, t, m, lp, v, received: dict[str, bytes] | None = None) -> PackedArrays:
+        """``received``: the arrays' bytes as they arrived, kept as they are (no copy)."""
         gen = v[m == 1]
+        raw = received or {}
         return cls(
-            tokens=t.tobytes(),
-            loss_mask=m.tobytes(),
-            logprobs=lp.tobytes(),
-            versions=v.tobytes(),
+            tokens=raw.get("tokens") or t.tobytes(),
+            loss_mask=raw.get("loss_mask") or m.tobytes(),
+            logprobs=raw.get("logprobs") or lp.tobytes(),
+            versions=raw.get("versions") or v.tobytes(),
             n_tokens=int(t.size),
             min_version=int(gen.min()) if gen.size else -1,
             max_version=int(gen.max()) if gen.size else -1,
@@ -77,6 +79,7 @@ def _fail(where: str, message: str) -> DecodeError:
 
 
 def check_packed(tr: dict, where: str) -> PackedArrays:
+    """The packed arrays of one trajectory, checked, and kept as the bytes that arrived."""
     arrays = {}
     for name, dtype in ARRAY_FIELDS:
         buf = tr[name]
@@ -97,9 +100,15 @@ def check_packed(tr: dict, where: str) -> PackedArrays:
                 "must align with tokens",
             )
     mask = arrays["loss_mask"]
-    if mask.size and not bool(np.all((mask == 0) | (mask == 1))):
+    if mask.size and bool((mask.view("<u4") > 1).any()):  # one pass: negatives wrap to > 1
         raise _fail(f"{where}.loss_mask", "loss_mask must contain only 0 and 1")
-    return PackedArrays._build(arrays["tokens"], mask, arrays["logprobs"], arrays["versions"])
+    return PackedArrays._build(
+        arrays["tokens"],
+        mask,
+        arrays["logprobs"],
+        arrays["versions"],
+        received={name: tr[name] for name, _ in ARRAY_FIELDS},
+    )
 
 
 def decode_push(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,8 @@ from astraflow.protocol import (
     WeightVersion,
     new_id,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -204,20 +207,46 @@ class DataflowService:
         self._signal()
 
     async def _sweep(self) -> None:
+        """Expire overdue leases every ``lease_timeout_s / 4`` (and prune old idempotency keys
+        every 10 minutes), for as long as the service runs.
+
+        A failed pass is logged with its traceback and the next pass runs as usual: a sweeper that
+        died, or failed silently, would leave a dead node's tasks leased until some other request
+        happened to expire them. A failure that repeats is logged again at most once a minute (the
+        same broken store fails every pass), and the first pass that succeeds after failures says
+        so."""
         interval = max(0.05, min(1.0, self.config.lease_timeout_s / 4))
         last_prune = 0.0
+        failing_since: float | None = None
+        last_logged = 0.0
         while True:
             await asyncio.sleep(interval)
-            if self.ctx.now() - last_prune > 600:
-                last_prune = self.ctx.now()
-                try:
+            try:
+                now = self.ctx.now()
+                if now - last_prune > 600:
+                    last_prune = now
                     await self.store.run(lambda tx: state.prune_idempotency(tx, self.ctx.now()))
-                except Exception:  # pruning is housekeeping; never stop the sweeper
-                    pass
-            try:  # expiry wakes parked lease requests through ctx.wake
+                # expiry wakes parked lease requests through ctx.wake
                 await self.store.run(lambda tx: leases.expire_overdue(self.ctx, tx))
-            except Exception:  # keep sweeping; the next lease call expires leases too
-                pass
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                mono = asyncio.get_running_loop().time()
+                if failing_since is None or mono - last_logged >= 60.0:
+                    log.exception(
+                        "lease sweeper: pass failed (overdue leases stay leased until a pass "
+                        "succeeds); retrying every %.2fs",
+                        interval,
+                    )
+                    last_logged = mono
+                failing_since = failing_since if failing_since is not None else mono
+            else:
+                if failing_since is not None:
+                    log.warning(
+                        "lease sweeper: recovered after %.1fs of failed passes",
+                        asyncio.get_running_loop().time() - failing_since,
+                    )
+                    failing_since = None
 
     # -- nodes --------------------------------------------------------------------------------
     async def register(self, reg: NodeRegistration) -> NodeRegistered:

@@ -46,6 +46,23 @@ def make_recipe(tmp_path: Path, **sections: Any) -> Recipe:
     return Recipe.model_validate(data)
 
 
+class ManualClock:
+    """Service time (``ServiceConfig.clock``) that moves only when a test says so, and can be
+    made to fail: lease deadlines and silences pass without the test sleeping through them."""
+
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self.now = start
+        self.broken = False
+
+    def __call__(self) -> float:
+        if self.broken:
+            raise RuntimeError("clock source unavailable")
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def trajectory(role: str = "agent", n: int = 12, version: int = 0, prompt: int = 4) -> Trajectory:
     gen = n - prompt
     return Trajectory(

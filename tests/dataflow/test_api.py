@@ -7,7 +7,7 @@ import json
 import httpx
 import msgpack
 import pytest
-from dataflow_helpers import TOKEN, ThreadedService, episode, group, make_recipe
+from dataflow_helpers import TOKEN, ManualClock, ThreadedService, episode, group, make_recipe
 
 from astraflow.protocol import TrajectoryPush
 from astraflow.protocol.client import (
@@ -157,15 +157,14 @@ def test_env_timeout_episodes_counted_under_their_own_reason(client):
 
 def test_lease_expiry_and_late_push(tmp_path):
     recipe = make_recipe(tmp_path, dataflow={"lease_timeout_s": 0.3})
+    clock = ManualClock()
     with (
-        ThreadedService(recipe, tmp_path / "df.db") as svc,
+        ThreadedService(recipe, tmp_path / "df.db", config_kwargs={"clock": clock}) as svc,
         SyncDataflowClient(svc.url, TOKEN, retries=0) as client,
     ):
         a, b = _node(client), _node(client)
         lease_a = client.lease(node_id=a, max_tasks=1, versions={"policy": 0}).leases[0]
-        import time
-
-        time.sleep(0.8)  # A goes silent; its lease expires and the task is leased again
+        clock.advance(0.8)  # A goes silent; its lease expires and the task is leased again
         leases_b = client.lease(node_id=b, max_tasks=70, versions={"policy": 0}).leases
         lease_b = next(lease for lease in leases_b if lease.task.id == lease_a.task.id)
         # A comes back late and finishes first: accepted (first finisher wins)
@@ -179,16 +178,15 @@ def test_lease_expiry_and_late_push(tmp_path):
 
 def test_heartbeat_renews_leases(tmp_path):
     recipe = make_recipe(tmp_path, dataflow={"lease_timeout_s": 0.6})
+    clock = ManualClock()
     with (
-        ThreadedService(recipe, tmp_path / "df.db") as svc,
+        ThreadedService(recipe, tmp_path / "df.db", config_kwargs={"clock": clock}) as svc,
         SyncDataflowClient(svc.url, TOKEN, retries=0) as client,
     ):
         node = _node(client)
         lease = client.lease(node_id=node, max_tasks=1, versions={"policy": 0}).leases[0]
-        import time
-
-        for _ in range(5):
-            time.sleep(0.25)
+        for _ in range(5):  # 1.25 s in all: twice the lease timeout, renewed every 0.25 s
+            clock.advance(0.25)
             assert lease.id in client.heartbeat(node, in_flight=[lease.id]).renewed
         assert client.status()["expired_leases"] == 0
         assert _finish(client, node, lease, [1, 0, 1, 0]).accepted

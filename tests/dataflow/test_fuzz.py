@@ -15,6 +15,7 @@ from hypothesis.errors import Unsatisfiable  # noqa: E402
 MAX_EXAMPLES = 15
 
 
+@pytest.mark.slow  # schemathesis over every route
 def test_openapi_fuzz_produces_no_server_errors(tmp_path):
     with ThreadedService(make_recipe(tmp_path), tmp_path / "df.db") as svc:
         auth = {"authorization": f"Bearer {TOKEN}"}

@@ -3,17 +3,16 @@ once, instead of after the lease timeout; a node of that name that is still aliv
 
 from __future__ import annotations
 
-import time
-
-from dataflow_helpers import TOKEN, ThreadedService, make_recipe
+from dataflow_helpers import TOKEN, ManualClock, ThreadedService, make_recipe
 
 from astraflow.protocol.client import SyncDataflowClient
 
 
 def test_replace_frees_a_silent_namesakes_leases(tmp_path):
     recipe = make_recipe(tmp_path, dataflow={"lease_timeout_s": 600.0, "heartbeat_interval_s": 0.2})
+    clock = ManualClock()
     with (
-        ThreadedService(recipe, tmp_path / "df.db") as svc,
+        ThreadedService(recipe, tmp_path / "df.db", config_kwargs={"clock": clock}) as svc,
         SyncDataflowClient(svc.url, TOKEN, retries=0) as c,
     ):
         dead = c.register(name="node-1", policies={"policy": 0}).node_id
@@ -32,7 +31,7 @@ def test_replace_frees_a_silent_namesakes_leases(tmp_path):
             == 3
         )
 
-        time.sleep(0.5)
+        clock.advance(0.5)  # node-1 is now silent for more than two heartbeat intervals
         c.heartbeat(alive, versions={"policy": 0})
         c.register(name="node-1", policies={"policy": 0}, replace=True)
         states = svc.service.store.call(

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 
+import pytest
 from dataflow_helpers import TOKEN, ServiceProcess, episode, group, make_recipe
 
 from astraflow.protocol import TrajectoryPush
@@ -41,6 +42,7 @@ def _drain_batches(client, policy="policy", num_groups=2):
     raise AssertionError("batches never finished")
 
 
+@pytest.mark.slow  # restarts the service process
 def test_kill_9_mid_push_stream_loses_and_duplicates_nothing(tmp_path):
     n_tasks, group_size = 24, 2
     recipe = make_recipe(
@@ -177,6 +179,7 @@ os._exit(0)  # dies before acknowledging
 """
 
 
+@pytest.mark.slow  # a trainer process dies and restarts
 def test_trainer_dies_before_ack_batch_is_served_again(tmp_path):
     recipe = make_recipe(tmp_path, dataflow={"lease_timeout_s": 600.0})
     svc = ServiceProcess(recipe, tmp_path / "svc", tmp_path / "df.db")

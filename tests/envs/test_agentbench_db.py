@@ -212,6 +212,7 @@ def test_oracle_dev_split_on_mariadb():
     _assert_all_dev_pass(_oracle(need_mysql()))
 
 
+@pytest.mark.slow  # every dev sample on two backends
 def test_every_dev_modification_hash_reproduced_on_both_backends():
     data = need_data()
     samples = [p for p in load_dbbench(data, "dev") if p["type"] in ("INSERT", "UPDATE")]

@@ -15,6 +15,7 @@ from cli.eval import resolve_policy
 from cli.main import app
 
 
+@pytest.mark.slow  # trains and evaluates end to end
 def test_tiny_policy_end_to_end(tmp_path):
     data = need_data()
     from astraflow.models import resolve_model

@@ -41,7 +41,8 @@ from node_helpers import (  # noqa: E402
     wait_for,
 )
 
-pytestmark = pytest.mark.timeout(300)
+# every test runs a dataflow service and rollout node processes: slow tier
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 @pytest.fixture
