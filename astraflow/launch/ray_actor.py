@@ -51,18 +51,22 @@ class ServiceProcess:
         self.service.start(full_env)
 
     def info(self) -> dict:
-        node_id = ""
+        """Where the service runs: its PID, the actor's, the host and Ray node (with labels)."""
+        node_id, labels = "", {}
         try:
             import ray
 
-            node_id = ray.get_runtime_context().get_node_id()
-        except Exception:
+            ctx = ray.get_runtime_context()
+            node_id = ctx.get_node_id()
+            labels = {k: v for k, v in ctx.get_node_labels().items() if not k.startswith("ray.io/")}
+        except Exception:  # outside Ray, or a Ray without node labels
             pass
         return {
             "pid": self.service.pid,
             "actor_pid": os.getpid(),
             "node_ip": self.node_ip,
             "node_id": node_id,
+            "node_labels": labels,
         }
 
     def poll(self) -> int | None:
