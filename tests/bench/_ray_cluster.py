@@ -59,7 +59,8 @@ class LocalRayCluster:
                   "--node-ip-address", "127.0.0.1", f"--num-cpus={second_cpus}", "--num-gpus=0",
                   f"--resources={json.dumps({SECOND_NODE_RESOURCE: second_slots})}",
                   f"--labels={label}", *common]  # fmt: skip
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        # a throwaway cluster on loopback: no token auth (see .ci/run)
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
         log = open(Path(cluster.temp_dir) / "ray-start.log", "ab")
         try:
             cluster.procs.append(_spawn(head, env, log))
@@ -83,6 +84,7 @@ class LocalRayCluster:
             out = subprocess.run(
                 [*_ray_cli(), "status", f"--address={self.address}"],
                 capture_output=True, text=True, timeout=60,
+                env={**os.environ, "RAY_AUTH_MODE": "disabled"},
             )  # fmt: skip
             if out.returncode == 0 and out.stdout.count(" node_") >= n:
                 return
