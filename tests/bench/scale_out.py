@@ -8,13 +8,15 @@ flight, which is what scaling out buys for agentic RL. Each configuration is one
 run with ``run.launcher = "ray"`` on a local Ray cluster of 2 Ray nodes (two ``ray start``
 processes on this machine, the second with the custom resource ``rollout_host``): half the rollout
 nodes (rounded up) are placed by default, the rest on the second Ray node through that resource.
-Every configuration runs for the same wall time in the same bench run, one after the other.
+Every configuration is measured over the same window, in the same bench run, one after the
+other.
 
-Episodes/s: training episodes stored by the dataflow service (``episodes.created_at``) from
-``--warmup`` seconds after the first one to the last one, over that span. The figure of merit is
+Episodes/s: training episodes stored by the dataflow service (``episodes.created_at``) in a window
+of ``--duration-s`` that starts ``--warmup-s`` after the first one (start-up excluded); the run is
+then stopped with Ctrl-C. The figure of merit is
 ``scaling_efficiency_4`` = rate(4 nodes) / (4 x rate(1 node)); target >= 0.8.
 
-    python tests/bench/scale_out.py --quick --json /tmp/scale_out.json     # ~3 min
+    python tests/bench/scale_out.py --quick --json /tmp/scale_out.json     # ~5 min
     python tests/bench/scale_out.py --json /tmp/scale_out.json             # longer windows
     ASTRAFLOW_RAY_ADDRESS=127.0.0.1:6379 python tests/bench/scale_out.py   # an existing cluster
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -32,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _ray_cluster import SECOND_NODE_RESOURCE, LocalRayCluster
+from _ray_cluster import SECOND_NODE_LABEL, SECOND_NODE_RESOURCE, LocalRayCluster
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "agentic_math.toml"
@@ -60,6 +63,9 @@ def overrides(nodes: int, address: str, out: Path, args: argparse.Namespace) -> 
         "dataflow.max_lag=1000",
         'dataflow.policies=[{name="staleness", kwargs={max_staleness=1000, action="drop"}}]',
         "ray.rollout.num_cpus=0",
+        # the other half off the second Ray node (a label it does not have)
+        f'ray.rollout.labels={{{SECOND_NODE_LABEL[0]}="!{SECOND_NODE_LABEL[1]}"}}',
+        "ray.startup_timeout_s=90",
     ]
     if pooled:
         sets.append(
@@ -69,40 +75,66 @@ def overrides(nodes: int, address: str, out: Path, args: argparse.Namespace) -> 
     return sets
 
 
-def episode_rate(db: Path, warmup_s: float) -> tuple[float | None, int]:
-    """Training episodes per second after the warm-up, and how many were counted."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10.0)
+def episode_times(db: Path) -> list[float]:
+    """When each training episode was stored (the store opened read-only)."""
+    if not db.exists():
+        return []
     try:
-        times = sorted(
-            t for (t,) in conn.execute("SELECT created_at FROM episodes WHERE is_eval = 0")
-        )
-    finally:
-        conn.close()
-    if not times:
-        return None, 0
-    start = times[0] + warmup_s
-    window = [t for t in times if t >= start]
-    if len(window) < 2 or window[-1] <= start:
-        return None, len(window)
-    return len(window) / (window[-1] - start), len(window)
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10.0)
+        try:
+            rows = conn.execute("SELECT created_at FROM episodes WHERE is_eval = 0").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:  # not created yet
+        return []
+    return sorted(float(t) for (t,) in rows)
+
+
+def episode_rate(times: list[float], start: float, end: float) -> tuple[float | None, int]:
+    """Episodes per second stored in [start, end], and how many."""
+    n = sum(1 for t in times if start <= t <= end)
+    return (n / (end - start) if end > start and n else None), n
 
 
 def run_one(nodes: int, address: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One run: started, measured over the window after the first episode plus the warm-up,
+    then stopped with Ctrl-C (SIGINT), as a user would."""
     argv = [sys.executable, "-m", "cli.main", "train", str(RECIPE), "--no-live"]
-    argv += ["--timeout", str(int(args.duration_s))]
     for s in overrides(nodes, address, work, args):
         argv += ["--set", s]
     log = work / f"scale-{nodes}.out"
+    run_dir = work / f"scale-{nodes}"
     t0 = time.time()
+    first: float | None = None
     with open(log, "w") as f:
-        proc = subprocess.run(
-            argv, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=args.duration_s + 300,
+        proc = subprocess.Popen(
+            argv, cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
             env={**os.environ, "COLUMNS": "200"},
         )  # fmt: skip
-    run_dir = work / f"scale-{nodes}"
-    rate, counted = (None, 0)
-    if (run_dir / "dataflow.db").exists():
-        rate, counted = episode_rate(run_dir / "dataflow.db", args.warmup_s)
+        try:
+            deadline = t0 + args.startup_timeout_s
+            while proc.poll() is None:
+                times = episode_times(run_dir / "dataflow.db")
+                if first is None and times:
+                    first = times[0]
+                    deadline = first + args.warmup_s + args.duration_s
+                if time.time() >= deadline:
+                    break
+                time.sleep(1.0)  # a bench's sampling period, not a hot path
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    rate, counted = None, 0
+    if first is not None:
+        start = first + args.warmup_s
+        rate, counted = episode_rate(
+            episode_times(run_dir / "dataflow.db"), start, start + args.duration_s
+        )
     actors = {}
     if (run_dir / "actors.json").exists():
         actors = json.loads((run_dir / "actors.json").read_text())
@@ -115,7 +147,7 @@ def run_one(nodes: int, address: str, work: Path, args: argparse.Namespace) -> d
         "nodes": nodes,
         "episodes_per_s": rate,
         "episodes_counted": counted,
-        "exit_code": proc.returncode,  # 3: stopped by --timeout, as intended
+        "exit_code": proc.returncode,
         "wall_s": round(time.time() - t0, 1),
         "rollout_nodes_per_ray_node": per_ray_node,
         "log": str(log),
@@ -128,11 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--duration-s", type=float, default=None, help="wall time of each run")
     ap.add_argument("--warmup-s", type=float, default=None, help="not counted after the first")
-    ap.add_argument("--latency-s", type=float, default=2.0, help="fixed tool latency per step")
-    ap.add_argument("--concurrency", type=int, default=8, help="episodes in flight per node")
+    ap.add_argument("--latency-s", type=float, default=3.0, help="fixed tool latency per step")
+    ap.add_argument("--concurrency", type=int, default=16, help="episodes in flight per node")
+    ap.add_argument("--startup-timeout-s", type=float, default=300.0)
     args = ap.parse_args(argv)
-    args.duration_s = args.duration_s or (50.0 if args.quick else 150.0)
-    args.warmup_s = args.warmup_s if args.warmup_s is not None else (8.0 if args.quick else 20.0)
+    args.duration_s = args.duration_s or (40.0 if args.quick else 120.0)
+    args.warmup_s = args.warmup_s if args.warmup_s is not None else (10.0 if args.quick else 20.0)
 
     address = os.environ.get("ASTRAFLOW_RAY_ADDRESS", "")
     cluster = None
