@@ -130,3 +130,32 @@ def test_placement_from_the_recipe():
         {"num_cpus": 0.5},
     ]
     assert actor_options(recipe.ray.dataflow) == {}
+
+
+def test_ray_recipes_check_without_importing_ray():
+    """`astraflow recipe check` validates the Ray recipes for real hardware, and neither it nor
+    `--help` imports Ray (the base install does not need it)."""
+    code = (
+        "import sys\n"
+        "from cli.main import app\n"
+        "try:\n"
+        "    app()\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "assert 'ray' not in sys.modules, 'ray was imported'\n"
+    )  # fmt: skip
+    recipes = ["recipes/gpu/ray_single_host.toml", "recipes/gpu/ray_multi_host.toml"]
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "recipe", "check", *recipes],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("ok ") == 2, proc.stdout
+    from astraflow.recipe import load_recipe
+
+    multi = load_recipe(ROOT / recipes[1])
+    assert multi.run.launcher == "ray" and multi.dataflow.host == "0.0.0.0"
+    pools = multi.ray.rollout_pools
+    assert sum(p.nodes for p in pools) == multi.rollout.nodes
+    assert {p.labels["region"] for p in pools} == {"us-west", "us-east"}
+    assert "trainer_host" in multi.ray.trainer.resources
