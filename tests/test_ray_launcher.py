@@ -33,10 +33,17 @@ def ray_address():
         yield given
         return
     cluster = LocalRayCluster.start()
+    # the cluster runs without token auth (see _ray_cluster.py): so do its clients, the runs
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     try:
         yield cluster.address
     finally:
         cluster.stop()
+        if saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved
 
 
 @pytest.mark.slow

@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         print("starting a local 2-node Ray cluster…", flush=True)
         cluster = LocalRayCluster.start()
         address = cluster.address
+        os.environ["RAY_AUTH_MODE"] = "disabled"  # as the cluster runs (see _ray_cluster.py)
     results: list[dict[str, Any]] = []
     try:
         with tempfile.TemporaryDirectory(prefix="scale_out") as tmp:
