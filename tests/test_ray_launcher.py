@@ -49,7 +49,7 @@ def ray_address():
 @pytest.mark.slow
 def test_quickstart_on_ray_survives_a_killed_trainer_actor(ray_address, tmp_path):
     """Quickstart with the Ray launcher: the rollout node lands on the second Ray node by its
-    label, the trainer's actor is SIGKILLed once mid-run and restarted (resuming from its
+    label (the dataflow and trainer off it by the same label), the trainer's actor is SIGKILLed once mid-run and restarted (resuming from its
     checkpoint), and the run ends with steps 1..12 trained once each."""
     key, value = SECOND_NODE_LABEL
     _, proc = _start(
@@ -58,6 +58,9 @@ def test_quickstart_on_ray_survives_a_killed_trainer_actor(ray_address, tmp_path
         f"run.ray_address={ray_address}",
         f'ray.rollout.labels={{{key}="{value}"}}',
         f"ray.rollout.resources={{{SECOND_NODE_RESOURCE}=1}}",
+        # the dataflow and the trainer kept off it: a label selector's "!value"
+        f'ray.dataflow.labels={{{key}="!{value}"}}',
+        f'ray.trainer.labels={{{key}="!{value}"}}',
         "run.restart_backoff_s=0.2",
         "run.max_steps=12",
     )
@@ -78,7 +81,9 @@ def test_quickstart_on_ray_survives_a_killed_trainer_actor(ray_address, tmp_path
     assert proc.returncode == 0, out[-3000:]
     actors = json.loads((run_dir / "actors.json").read_text())
     assert actors["node-0"]["node_labels"].get(key) == value, actors
-    assert actors["dataflow"]["node_labels"].get(key) != value, actors  # head: placed by default
+    assert actors["dataflow"]["node_labels"].get(key) != value, actors
+    assert actors["trainer-policy"]["node_labels"].get(key) != value, actors
+    assert actors["node-0"]["node_id"] != actors["trainer-policy"]["node_id"]
     assert actors["trainer-policy"]["actor_pid"] != killed["actor_pid"]  # a new actor
     events = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
     assert [(e["event"], e["service"]) for e in events] == [
