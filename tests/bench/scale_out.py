@@ -63,6 +63,7 @@ def overrides(nodes: int, address: str, out: Path, args: argparse.Namespace) -> 
         "dataflow.max_lag=1000",
         'dataflow.policies=[{name="staleness", kwargs={max_staleness=1000, action="drop"}}]',
         "ray.rollout.num_cpus=0",
+        f"workflow.max_turns={args.max_turns}",
         # the other half off the second Ray node (a label it does not have)
         f'ray.rollout.labels={{{SECOND_NODE_LABEL[0]}="!{SECOND_NODE_LABEL[1]}"}}',
         "ray.startup_timeout_s=90",
@@ -163,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-s", type=float, default=3.0, help="fixed tool latency per step")
     ap.add_argument("--concurrency", type=int, default=16, help="episodes in flight per node")
     ap.add_argument("--startup-timeout-s", type=float, default=300.0)
+    ap.add_argument(
+        "--max-turns", type=int, default=3,
+        help="tries per problem (the recipe's 3; 1 makes episode time independent of how much "
+        "the policy learned during the run, which more nodes speed up)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     args.duration_s = args.duration_s or (40.0 if args.quick else 120.0)
     args.warmup_s = args.warmup_s if args.warmup_s is not None else (10.0 if args.quick else 20.0)
@@ -199,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['rollout_nodes_per_ray_node']}")  # fmt: skip
     print(f"scaling_efficiency_4 = {eff:.2f} (target >= 0.8)" if eff else "scaling_efficiency_4: -")
     print(
-        f"workload: agentic_math, fixed tool latency {args.latency_s} s per step, "
+        f"workload: agentic_math ({args.max_turns} turn(s) max), fixed tool latency "
+        f"{args.latency_s} s per step, "
         f"{args.concurrency} episodes in flight per node, {args.duration_s:.0f} s per run "
         f"({args.warmup_s:.0f} s warm-up not counted); timings on a shared machine are noisy"
     )
@@ -213,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                     "settings": {
                         "latency_s": args.latency_s,
                         "concurrency_per_node": args.concurrency,
+                        "max_turns": args.max_turns,
                         "duration_s": args.duration_s,
                         "warmup_s": args.warmup_s,
                         "quick": args.quick,
