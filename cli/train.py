@@ -32,9 +32,15 @@ def train(
         rec, run_dir = prepare_run(recipe, set_, resume)
     except (RecipeError, LaunchError) as exc:
         fail(str(exc))
-    if rec.run.launcher != "local":
-        fail(f"run.launcher = {rec.run.launcher!r}: only 'local' is available in this build", 2)
-    launcher = LocalLauncher(rec, run_dir, resume=resume)
+    if rec.run.launcher == "ray":
+        from astraflow.launch.ray_launcher import RayLauncher
+
+        try:
+            launcher: LocalLauncher = RayLauncher(rec, run_dir, resume=resume)
+        except LaunchError as exc:
+            fail(str(exc), 2)
+    else:
+        launcher = LocalLauncher(rec, run_dir, resume=resume)
     install_sigint(launcher)
     console.print(
         f"[bold]astraflow[/] run [cyan]{rec.run.name}[/] → {run_dir}  (mode {rec.run.mode})"
@@ -44,6 +50,8 @@ def train(
     try:
         handle = launcher.start()
         console.print(f"dataflow service at {handle.url}; logs in {run_dir / 'logs'}")
+        if rec.run.launcher == "ray":
+            console.print(f"on the Ray cluster at {launcher.cluster_address}")
         tail = MetricsTail(run_dir / "metrics.jsonl")
         use_live = live and rec.logging.live and console.is_terminal
         if use_live:

@@ -179,10 +179,9 @@ class LocalLauncher:
             svc = self._trainer(name.removeprefix("trainer-"), resume=True)
         else:
             svc = self._node(int(name.removeprefix("node-")), replace=True)
-        self.handle.services = [s for s in self.handle.services if s.name != name] + [
-            self._start(svc)
-        ]
-        self.restart_log.write("restart", name, pid=svc.pid, restarts=self.restarts.used[name])
+        started = self._start(svc)  # (the Ray launcher's is another object than svc)
+        self.handle.services = [s for s in self.handle.services if s.name != name] + [started]
+        self.restart_log.write("restart", name, pid=started.pid, restarts=self.restarts.used[name])
         self._write_pids()
 
     def _write_pids(self) -> None:

@@ -28,6 +28,11 @@ class RunConfig(Section):
     seed: int = Field(default=0, ge=0)
     max_steps: int = Field(default=100, ge=1, description="Optimizer steps per trainable policy")
     launcher: Literal["local", "ray"] = "local"
+    ray_address: str = Field(
+        default="",
+        description='launcher "ray": the cluster to run on: "auto" (the one this machine belongs '
+        'to), "HOST:PORT" (its GCS), "ray://HOST:PORT" (Ray Client) or "" (start a local one)',
+    )
     mode: Literal["async", "sync"] = Field(
         default="async",
         description="async: independent services (default); sync: lock-step baseline for comparison",
@@ -433,6 +438,73 @@ class SecurityConfig(Section):
         return self
 
 
+class RayPlacement(Section):
+    """Where and with what one Ray actor of a run is placed (``[ray.dataflow]``,
+    ``[ray.trainer]``, ``[ray.trainers.NAME]``, ``[ray.rollout]``, each ``ray.rollout_pools``
+    entry). Unset values are Ray's defaults (an actor needs 1 CPU to be placed, 0 to run)."""
+
+    num_cpus: float | None = Field(default=None, ge=0.0, description="CPUs the actor reserves")
+    num_gpus: float | None = Field(default=None, ge=0.0, description="GPUs the actor reserves")
+    memory_gb: float | None = Field(default=None, gt=0.0, description="Memory it reserves (GiB)")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom resources it needs, e.g. { trainer_host = 1 } for hosts started "
+        "with `ray start --resources '{\"trainer_host\": 8}'`",
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description='Node labels it must run on, e.g. { region = "us-west" } for hosts started '
+        "with `ray start --labels region=us-west`",
+    )
+
+    @field_validator("resources")
+    @classmethod
+    def _non_negative(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: x for k, x in v.items() if x < 0}
+        if bad:
+            raise ValueError(f"resource amounts must be >= 0, got {bad}")
+        return v
+
+
+class RolloutPoolConfig(RayPlacement):
+    nodes: int = Field(ge=1, description="Rollout nodes placed this way")
+
+
+class RayConfig(Section):
+    """``[ray]``: placement of each service for ``run.launcher = "ray"`` (ignored otherwise)."""
+
+    namespace: str = Field(default="astraflow", min_length=1, description="Ray namespace")
+    dataflow: RayPlacement = Field(default_factory=RayPlacement)
+    trainer: RayPlacement = Field(
+        default_factory=RayPlacement, description="Every trainer without a [ray.trainers.NAME]"
+    )
+    trainers: dict[str, RayPlacement] = Field(
+        default_factory=dict, description="Per trainable policy: its trainer's placement"
+    )
+    rollout: RayPlacement = Field(
+        default_factory=RayPlacement, description="Every rollout node not in a pool"
+    )
+    rollout_pools: list[RolloutPoolConfig] = Field(
+        default_factory=list,
+        description="Rollout nodes by pool, in order (node-0.. to the first pool, and so on); "
+        "nodes beyond the pools use [ray.rollout]",
+    )
+    startup_timeout_s: float = Field(
+        default=120.0, gt=0.0, description="Wait for each actor to be placed and started"
+    )
+
+    def trainer_for(self, policy: str) -> RayPlacement:
+        return self.trainers.get(policy, self.trainer)
+
+    def node_for(self, index: int) -> RayPlacement:
+        first = 0
+        for pool in self.rollout_pools:
+            if index < first + pool.nodes:
+                return pool
+            first += pool.nodes
+        return self.rollout
+
+
 class Recipe(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     policies: dict[str, PolicyConfig] = Field(
@@ -446,6 +518,7 @@ class Recipe(Section):
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
 
     @field_validator("policies")
     @classmethod
@@ -464,6 +537,22 @@ class Recipe(Section):
                     f"workflow.roles.{role} names policy {policy!r}, which is not defined; "
                     f"defined policies: {known}"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _ray_placement_fits(self) -> Recipe:
+        unknown = sorted(set(self.ray.trainers) - set(self.trainable_policies()))
+        if unknown:
+            raise ValueError(
+                f"ray.trainers names {unknown}, which are not trainable policies; trainable: "
+                f"{', '.join(self.trainable_policies()) or 'none'}"
+            )
+        pooled = sum(p.nodes for p in self.ray.rollout_pools)
+        if pooled > self.rollout.nodes:
+            raise ValueError(
+                f"ray.rollout_pools place {pooled} nodes but rollout.nodes is "
+                f"{self.rollout.nodes}; raise rollout.nodes or shrink the pools"
+            )
         return self
 
     def trainable_policies(self) -> list[str]:
