@@ -144,6 +144,25 @@ def test_placement_from_the_recipe():
     assert actor_options(recipe.ray.dataflow) == {}
 
 
+def test_a_multi_process_trainer_reserves_every_rank_in_one_bundle():
+    """A trainer with N ranks runs in a placement group of one bundle holding N ranks' CPUs,
+    GPUs and memory on one host (torchrun --standalone starts every rank beside the actor), and
+    its actor takes the whole bundle; custom resources mark a kind of host and are asked once."""
+    from astraflow.launch.ray_launcher import bundle_actor_options, trainer_bundle
+    from astraflow.recipe.schema import RayPlacement
+
+    place = RayPlacement(num_gpus=1, num_cpus=4, memory_gb=2, resources={"trainer_host": 1})
+    bundle = trainer_bundle(place, 8)
+    assert bundle == {"CPU": 32, "GPU": 8, "memory": 8 * 2 * 2**30, "trainer_host": 1}
+    assert bundle_actor_options(bundle) == {
+        "num_cpus": 32,
+        "num_gpus": 8,
+        "memory": 8 * 2 * 2**30,
+        "resources": {"trainer_host": 1},
+    }
+    assert trainer_bundle(RayPlacement(), 2) == {"CPU": 2.0}  # Ray's 1 CPU per rank by default
+
+
 def test_ray_recipes_check_without_importing_ray():
     """`astraflow recipe check` validates the Ray recipes for real hardware, and neither it nor
     `--help` imports Ray (the base install does not need it)."""

@@ -17,6 +17,7 @@ Ray is imported only here, when a recipe asks for it: the base install does not 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -38,6 +39,7 @@ RAY_EXTRA_HINT = (
 ACTOR_DIED = -9
 _WILDCARDS = ("0.0.0.0", "::", "")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+log = logging.getLogger(__name__)
 
 
 def require_ray() -> Any:
@@ -62,6 +64,35 @@ def actor_options(place: RayPlacement) -> dict[str, Any]:
         opts["resources"] = dict(place.resources)
     if place.labels:
         opts["label_selector"] = dict(place.labels)
+    return opts
+
+
+def trainer_bundle(place: RayPlacement, processes: int) -> dict[str, float]:
+    """The one placement-group bundle of a trainer with ``processes`` ranks.
+
+    ``num_cpus``/``num_gpus``/``memory_gb`` of a trainer's placement are per rank; torchrun
+    starts every rank on the actor's host (``--standalone``), so the ranks' resources form one
+    bundle on one host. Custom resources mark a kind of host and are asked once."""
+    bundle: dict[str, float] = {"CPU": (1.0 if place.num_cpus is None else place.num_cpus)}
+    bundle["CPU"] *= processes
+    if place.num_gpus:
+        bundle["GPU"] = place.num_gpus * processes
+    if place.memory_gb is not None:
+        bundle["memory"] = float(int(place.memory_gb * 2**30) * processes)
+    bundle.update(place.resources)
+    return bundle
+
+
+def bundle_actor_options(bundle: dict[str, float]) -> dict[str, Any]:
+    """Actor options that take a whole bundle (the actor's process tree uses all of it)."""
+    opts: dict[str, Any] = {"num_cpus": bundle["CPU"]}
+    if "GPU" in bundle:
+        opts["num_gpus"] = bundle["GPU"]
+    if "memory" in bundle:
+        opts["memory"] = int(bundle["memory"])
+    custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU", "memory")}
+    if custom:
+        opts["resources"] = custom
     return opts
 
 
@@ -147,6 +178,9 @@ class RayLauncher(LocalLauncher):
         self._actor_cls: Any = None
         self._started_cluster = False
         self.cluster_address = ""
+        #: placement groups of multi-process trainers, by service name: kept across restarts,
+        #: so a restarted trainer finds its devices reserved on the same host
+        self._groups: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ cluster
     def connect(self) -> None:
@@ -206,6 +240,8 @@ class RayLauncher(LocalLauncher):
         if role == "trainer" and self.recipe.dataflow.host not in _LOOPBACK:
             argv += ["--weights-host", NODE_IP]  # nodes fetch from the trainer's host
         opts = actor_options(self._placement(svc.name))
+        if role == "trainer":
+            opts = self._trainer_group_options(svc.name, opts)
         previous = self._previous(svc.name)
         if svc.name == "dataflow" and previous is not None and previous.info.get("node_id"):
             # back on the same host, so the URL every service holds stays valid
@@ -229,6 +265,52 @@ class RayLauncher(LocalLauncher):
             rs.release()
             raise LaunchError(f"{svc.name}: its Ray actor failed to start: {exc}") from exc
         return rs
+
+    def _trainer_group_options(self, name: str, opts: dict[str, Any]) -> dict[str, Any]:
+        """A trainer with several ranks runs in a placement group reserving all of them.
+
+        Why a group rather than a bigger actor: the reservation outlives the actor, so when the
+        trainer dies and is restarted (from its checkpoint) no other work can take its devices
+        meanwhile, and it comes back on the same host."""
+        policy = name.removeprefix("trainer-")
+        processes = self.recipe.policies[policy].trainer.processes
+        if processes <= 1:
+            return opts
+        from ray.util import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        place = self._placement(name)
+        bundle = trainer_bundle(place, processes)
+        group = self._groups.get(name)
+        if group is None:
+            group = placement_group(
+                [bundle],
+                strategy="STRICT_PACK",
+                name=f"{self.recipe.run.name}-{name}",
+                bundle_label_selector=[dict(place.labels)] if place.labels else None,
+            )
+            try:
+                self.ray.get(group.ready(), timeout=self.recipe.ray.startup_timeout_s)
+            except self.ray.exceptions.GetTimeoutError as exc:
+                self._remove_group(name, group)
+                raise LaunchError(
+                    self._unplaceable(name, {"placement_group": [bundle], **opts})
+                ) from exc
+            self._groups[name] = group
+        out = bundle_actor_options(bundle)
+        out["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            group, placement_group_bundle_index=0
+        )
+        return out
+
+    def _remove_group(self, name: str, group: Any) -> None:
+        from ray.util import remove_placement_group
+
+        try:
+            remove_placement_group(group)
+        except Exception as exc:  # the cluster is going away anyway
+            log.warning("could not remove the placement group of %s: %s", name, exc)
+        self._groups.pop(name, None)
 
     def _previous(self, name: str) -> RayService | None:
         if self.handle is None:
@@ -271,5 +353,7 @@ class RayLauncher(LocalLauncher):
         try:
             return super().stop()
         finally:
+            for name, group in list(self._groups.items()):
+                self._remove_group(name, group)
             if self.ray.is_initialized():
                 self.ray.shutdown()  # a cluster started for this run stops with it
