@@ -15,10 +15,9 @@ None: the system never reached it).
 
     python tests/bench/data_algorithms.py [--quick] [--json PATH] [--seeds 0,1,2] [--systems ...]
 
-``--quick``: one seed, 12 steps, baseline + curriculum, predictive_skip, replay: a smoke run of
-the measurement (held-out accuracy does not move in 12 steps; rollout and waste counts do). Measured
-at 16 steps on the shared 2-core machine: 110-170 s per run, ~10 min in all, not the ~2 min asked of
-quick benches: four end-to-end trainings cannot fit in it. Full: three seeds, 48 steps, 8 systems =
+``--quick``: one seed, 10 steps, baseline and replay: a smoke run of the measurement (held-out
+accuracy barely moves in 10 steps; rollout and waste counts do), two end-to-end trainings side by
+side; ``--systems`` picks others. Full: three seeds, 48 steps, 8 systems =
 24 runs of 217-422 s each on the same loaded machine (~2 h; `--systems` runs a subset).
 """
 
@@ -118,7 +117,7 @@ SYSTEMS: dict[str, dict[str, Any]] = {
         ]
     },
 }
-QUICK_SYSTEMS = ["baseline", "curriculum", "predictive_skip", "replay"]
+QUICK_SYSTEMS = ["baseline", "replay"]
 #: drop reasons that are rollouts generated and then thrown away
 WASTE = ("zero_variance", "stale")
 
@@ -327,7 +326,7 @@ def report(result: dict[str, Any], systems: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="1 seed, 16 steps, 4 systems")
+    ap.add_argument("--quick", action="store_true", help="1 seed, 10 steps, baseline and replay")
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2; quick 0)")
     ap.add_argument("--systems", default=None, help=f"subset of {', '.join(SYSTEMS)}")
@@ -343,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     if "baseline" not in systems:
         systems = ["baseline", *systems]
     seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
-    steps = args.steps or (12 if args.quick else 48)
+    steps = args.steps or (10 if args.quick else 48)
     every = max(1, steps // 4)
     num_eval = 100 if args.quick else 300
     # small sets so prompts recur (predictive skipping needs a history): ~3 epochs per set
