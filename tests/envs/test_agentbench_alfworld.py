@@ -234,7 +234,11 @@ def test_workflow_renders_the_opening_as_chat_turns():
     async def run():
         try:
             return await single_agent(
-                Task(env=ALFWORLD_ENV_ID, payload=task), {"agent": role}, runner.make, max_turns=35
+                Task(env=ALFWORLD_ENV_ID, payload=task),
+                {"agent": role},
+                runner.make,
+                max_turns=35,
+                max_total_tokens=1 << 20,  # a byte tokenizer: one token per character
             )
         finally:
             runner.shutdown()
@@ -251,6 +255,7 @@ def test_workflow_renders_the_opening_as_chat_turns():
     assert episode.trajectories[0].num_turns == len(task["walkthrough"])
 
 
+@pytest.mark.slow
 def test_eval_agentbench_oracle_wins_every_dev_game(tmp_path):
     """`astraflow eval agentbench --agent oracle --tasks alfworld`: the walkthroughs, replayed in
     AgentBench's reply format through the training workflow, win all 20 dev games."""
@@ -271,3 +276,33 @@ def test_eval_agentbench_oracle_wins_every_dev_game(tmp_path):
     assert fam["status"] == {"completed": 20}
     assert sum(v["total"] for v in fam["by_type"].values()) == 20
     assert all(v["passed"] == v["total"] for v in fam["by_type"].values())
+
+
+def test_games_in_threads_share_a_bounded_pool_of_planner_libraries():
+    """Games loaded from several threads at once all play correctly (TextWorld is not thread-safe:
+    without the lock, grammars fail to parse), and closed games' planner libraries are reused."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    need_alfworld()
+    from envs.agentbench.alfworld.game import PLANNER_LIBRARIES, Game
+    from envs.agentbench.data import load_alfworld
+
+    tasks = load_alfworld(need_alfworld_data(), "dev")[:3]
+
+    def play(task):
+        game = Game(task)
+        try:
+            game.reset()
+            results = [game.step(c) for c in task["walkthrough"]]
+            return id(game._lib), results[-1][1]
+        finally:
+            game.close()
+
+    with ThreadPoolExecutor(3) as pool:
+        outcomes = list(pool.map(play, tasks))
+    assert [won for _, won in outcomes] == [True, True, True]
+    pooled = len(PLANNER_LIBRARIES.free)
+    assert pooled >= 1
+    lib_id, won = play(tasks[0])
+    assert won and len(PLANNER_LIBRARIES.free) == pooled  # taken from the pool, given back
+    assert lib_id in {id(lib) for lib in PLANNER_LIBRARIES.free}
