@@ -203,12 +203,14 @@ def test_compact_prompt_and_abort():
     env = _env(prompt_style="compact")
     obs, info = env.reset(options={"task": _dev(need_alfworld_data(), "heat")})
     assert "messages" not in info and obs.startswith('Act with "ACTION: <command>"')
+    assert obs.endswith("\nYour task is to: put a hot cup in cabinet.") and len(obs) < 150
     obs = env.step("ACTION: inventory")[0]
     assert "AVAILABLE ACTIONS" not in obs
     info = env.abort(SampleStatus.AGENT_CONTEXT_LIMIT)
     assert info["status"] == "agent context limit" and info["success"] is False
 
 
+@pytest.mark.slow
 def test_workflow_renders_the_opening_as_chat_turns():
     """single_agent renders info["messages"] with the chat template, so the one-shot dialogue's
     agent replies are assistant turns, exactly as AgentBench's session holds them."""

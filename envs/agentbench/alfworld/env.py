@@ -19,11 +19,10 @@ from envs.agentbench.alfworld import protocol
 from envs.agentbench.status import SampleStatus
 from envs.base import TaskError, TextEnv
 
-#: The two-line protocol for small-context models (the tiny CPU starter policy): no instruction,
-#: no one-shot dialogue and no lists of available actions. Not AgentBench's prompt.
-COMPACT_INSTRUCTIONS = (
-    'Act with "ACTION: <command>", e.g. "ACTION: go to cabinet 1".\n{observation}'
-)
+#: The two-line protocol for small-context models (the tiny CPU starter policy, a 256-token
+#: character-level context): the goal only, no room description, no one-shot dialogue and no lists
+#: of available actions. Not AgentBench's prompt.
+COMPACT_INSTRUCTIONS = 'Act with "ACTION: <command>", e.g. "ACTION: go to cabinet 1".\n{goal}'
 
 
 class AgentBenchALFWorldEnv(TextEnv):
@@ -87,7 +86,7 @@ class AgentBenchALFWorldEnv(TextEnv):
         observation = protocol.opening_observation(intro)
         info: dict[str, Any] = {"sample_id": task.get("id"), "type": task.get("type")}
         if self.prompt_style == "compact":
-            return COMPACT_INSTRUCTIONS.format(observation=observation), info
+            return COMPACT_INSTRUCTIONS.format(goal=observation.rsplit("\n", 1)[-1]), info
         messages = protocol.opening_messages(
             list(task.get("example") or []), observation, self.admissible
         )
