@@ -1,4 +1,5 @@
-"""`astraflow eval run` (any env, any task set) and `astraflow eval agentbench` (AgentBench v0.2).
+"""`astraflow eval run` (any env, any task set) and `astraflow eval agentbench` (AgentBench v0.2:
+dbbench, os_interaction, alfworld).
 
 The episodes run through the training path (workflow, engine, env runner); see
 :mod:`astraflow.rollout.evaluation`. This module parses flags and renders the reports.
@@ -171,8 +172,12 @@ def agentbench(
         help="builtin:NAME, a Hugging Face id or local path, or a run directory (latest checkpoint)",
     ),
     engine: str = typer.Option("transformers", "--engine", help="transformers | vllm | openai"),
-    tasks: str = typer.Option("dbbench,os", "--tasks", help="Comma-separated: dbbench, os"),
-    split: str = typer.Option("dev", "--split", help="dev | standard"),
+    tasks: str = typer.Option(
+        "dbbench,os",
+        "--tasks",
+        help="Comma-separated: dbbench, os, alfworld (needs astraflow[alfworld])",
+    ),
+    split: str = typer.Option("dev", "--split", help="dev | standard | train (os, alfworld)"),
     data: Path | None = typer.Option(
         None,
         "--data",
@@ -201,7 +206,7 @@ def agentbench(
         [], "--engine-arg", help="KEY=VALUE passed to the engine (e.g. gpu_memory_utilization=0.8)"
     ),
 ) -> None:
-    """Run AgentBench's dbbench and os_interaction tasks and report AgentBench's metrics."""
+    """Run AgentBench's dbbench, os_interaction and alfworld tasks and report AgentBench's metrics."""
     import asyncio
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -219,8 +224,9 @@ def agentbench(
     bad = [f for f in families if f not in FAMILIES]
     if bad or not families:
         fail(f"--tasks takes a comma-separated subset of {', '.join(FAMILIES)}; got {tasks!r}")
-    if split not in ab_data.SPLITS:
-        fail(f"--split must be one of {', '.join(ab_data.SPLITS)}; got {split!r}")
+    splits = (*ab_data.SPLITS, "train")
+    if split not in splits:
+        fail(f"--split must be one of {', '.join(splits)}; got {split!r}")
     if agent not in ("policy", "oracle"):
         fail(f"--agent must be policy or oracle; got {agent!r}")
     if overflow not in ("limit", "truncate"):
@@ -313,7 +319,8 @@ def _policy_agent(
 
 
 def render_tables(report: dict) -> list:
-    """rich tables: one per family (summary, per-type accuracy for dbbench, status histogram)."""
+    """rich tables: one per family (summary, per-type accuracy for dbbench and alfworld, status
+    histogram)."""
     from rich.table import Table
 
     tables = []
@@ -332,9 +339,9 @@ def render_tables(report: dict) -> list:
         t.add_row("average turns", f"{fam['avg_turns']:.2f}")
         if family == "dbbench":
             t.add_row("overall_cat_accuracy", f"{fam['overall_cat_accuracy']:.1%}")
-            for typ, slot in fam["by_type"].items():
-                acc = slot["passed"] / slot["total"] if slot["total"] else 0.0
-                t.add_row(f"  {typ}", f"{slot['passed']}/{slot['total']} ({acc:.0%})")
+        for typ, slot in fam.get("by_type", {}).items():
+            acc = slot["passed"] / slot["total"] if slot["total"] else 0.0
+            t.add_row(f"  {typ}", f"{slot['passed']}/{slot['total']} ({acc:.0%})")
         for status, count in sorted(fam["status"].items()):
             t.add_row(f"status: {status}", str(count))
         tables.append(t)

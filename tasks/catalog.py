@@ -106,6 +106,10 @@ def builtin_task_sets() -> TaskSetRegistry:
                         ("dev", "standard"),
                         "AgentBench dbbench; data_dir= an AgentBench data/ folder",
                         "astraflow/AgentBench-DB-v0"))  # fmt: skip
+    reg.add(TaskSetInfo("agentbench_alfworld", _lazy("envs.agentbench.data:alfworld_task_set"),
+                        ("train", "dev", "standard"),
+                        "AgentBench ALFWorld games (train: 300, dev: 20); data_dir= an AgentBench data/",
+                        "astraflow/AgentBench-ALFWorld-v0"))  # fmt: skip
     code = _code_sets()
     if code is not None:
         reg.add(

@@ -1,4 +1,4 @@
-"""AgentBench v0.2 environments (dbbench, os_interaction), data loaders, reference solutions
+"""AgentBench v0.2 environments (dbbench, os_interaction, alfworld), data loaders, reference solutions
 (:mod:`.oracle`) and AgentBench's metrics (:mod:`.report`). Running evaluations is the rollout
 side's job (:mod:`astraflow.rollout.evaluation.agentbench`); nothing here imports it.
 
@@ -11,6 +11,7 @@ from envs.registry import EnvSpec
 
 DB_ENV_ID = "astraflow/AgentBench-DB-v0"
 OS_ENV_ID = "astraflow/AgentBench-OS-v0"
+ALFWORLD_ENV_ID = "astraflow/AgentBench-ALFWorld-v0"
 
 SPECS = [
     EnvSpec(
@@ -24,5 +25,11 @@ SPECS = [
         entry_point="envs.agentbench.os.env:AgentBenchOSEnv",
         family="agentbench",
         description="AgentBench v0.2 os_interaction: bash agent in a throw-away overlay/Docker system",
+    ),
+    EnvSpec(
+        id=ALFWORLD_ENV_ID,
+        entry_point="envs.agentbench.alfworld.env:AgentBenchALFWorldEnv",
+        family="agentbench",
+        description="AgentBench v0.2 ALFWorld: household TextWorld games (needs astraflow[alfworld])",
     ),
 ]

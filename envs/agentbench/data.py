@@ -7,6 +7,8 @@ Layout read here (as AgentBench ships it)::
     os_interaction/data/{1..7}/*.json       + os_interaction/scripts/{1..7}/   (the standard split)
     os_interaction/res/dockerfiles/         (image recipes for the Docker sandbox)
     os_interaction/train/training.json      (optional training tasks; checks from scripts/dev/)
+    alfworld/{dev,train,standard}.json      + alfworld/games/ (or alfworld/) json_2.1.1/.../game.tw-pddl
+    alfworld/prompts/alfworld_multiturn_plan_first.json   (AgentBench's one-shot dialogues)
 
 Samples become *task payloads* (plain JSON dicts) for the envs, with scripts already read from their
 files, so an env never needs the data folder: a payload is the whole task.
@@ -221,6 +223,85 @@ def dockerfiles_dir(data_dir: str | Path | None = None) -> Path:
     return resolve_data_dir(data_dir) / "os_interaction" / "res" / "dockerfiles"
 
 
+# --- alfworld ---------------------------------------------------------------------------------
+
+ALFWORLD_SPLITS = ("dev", "train", "standard")
+
+
+def load_alfworld(
+    data_dir: str | Path | None = None, split: str = "dev", prompts: str | None = None
+) -> list[dict[str, Any]]:
+    """ALFWorld games of ``split`` as payloads for ``astraflow/AgentBench-ALFWorld-v0``.
+
+    ``alfworld/{split}.json`` groups game paths by task type, as AgentBench's does; the paths are
+    relative to ``alfworld/games/`` (or to ``alfworld/`` itself, AgentBench's own layout). Each game
+    is put back into AgentBench v0.2's wording (:mod:`envs.agentbench.alfworld.wording`) and carries
+    its task type's one-shot dialogue from ``prompts`` (a file name in ``alfworld/prompts/`` or a
+    path; default: the file AgentBench v0.2 uses), so a payload is the whole task.
+    """
+    from envs.agentbench.alfworld import protocol
+    from envs.agentbench.alfworld.wording import WordingError, to_v02
+
+    if split not in ALFWORLD_SPLITS:
+        raise DataError(
+            f"alfworld split must be one of {', '.join(ALFWORLD_SPLITS)}, got {split!r}"
+        )
+    root = resolve_data_dir(data_dir) / "alfworld"
+    index = root / f"{split}.json"
+    if not index.is_file():
+        raise DataError(f"alfworld split {split!r} expects the file {index}")
+    groups = json.loads(index.read_text(encoding="utf-8"))
+    if not isinstance(groups, dict):
+        raise DataError(f"{index}: expected an object of task type -> list of game paths")
+    examples = load_alfworld_prompts(root, prompts)
+    games_dir = root / "games" if (root / "games").is_dir() else root
+    payloads: list[dict[str, Any]] = []
+    for group, paths in groups.items():
+        for rel in paths:
+            path = games_dir / rel
+            if not path.is_file():
+                raise DataError(f"{index}: game {rel!r} not found at {path}")
+            name = "/".join(Path(rel).parts[-3:-1])  # task folder/trial, as AgentBench names it
+            try:
+                key = protocol.prompt_key(name)
+                game = to_v02(json.loads(path.read_text(encoding="utf-8")), str(path))
+            except (ValueError, WordingError) as exc:
+                raise DataError(f"{index}: {exc}") from None
+            if key not in examples:
+                raise DataError(f"the ALFWorld prompts have no one-shot dialogue {key!r}")
+            payloads.append(
+                {
+                    "id": f"alfworld-{split}-{len(payloads):04d}",
+                    "name": name,
+                    "type": key,
+                    "group": group,
+                    "pddl_domain": game["pddl_domain"],
+                    "grammar": game["grammar"],
+                    "pddl_problem": game["pddl_problem"],
+                    "walkthrough": game["walkthrough"],
+                    "example": list(examples[key]),
+                }
+            )
+    return payloads
+
+
+def load_alfworld_prompts(root: Path, prompts: str | None = None) -> dict[str, list[str]]:
+    """AgentBench's one-shot dialogues by task type (``put``, ``clean``, ...)."""
+    from envs.agentbench.alfworld.protocol import DEFAULT_PROMPTS
+
+    path = Path(prompts) if prompts and Path(prompts).is_file() else None
+    if path is None:
+        path = root / "prompts" / (prompts or DEFAULT_PROMPTS)
+    if not path.is_file():
+        raise DataError(f"ALFWorld prompts file {path} does not exist")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or not all(
+        isinstance(v, list) and all(isinstance(t, str) for t in v) for v in data.values()
+    ):
+        raise DataError(f"{path}: expected an object of task type -> list of message strings")
+    return data
+
+
 # --- task-set loaders (tasks catalogue signature: split, seed, **kwargs) -----------------------
 
 
@@ -270,3 +351,18 @@ def db_task_set(
             if line.strip()
         ]
     return _shuffled(items, seed, max_chars)
+
+
+def alfworld_task_set(
+    split: str = "train",
+    seed: int = 0,
+    data_dir: str | None = None,
+    prompts: str | None = None,
+    **_: Any,
+) -> list[dict[str, Any]]:
+    """Task-set loader for recipes: ALFWorld games (train: 300, dev: 20) shuffled by ``seed``."""
+    import random
+
+    items = load_alfworld(data_dir, split, prompts)
+    random.Random(seed).shuffle(items)
+    return items

@@ -1,9 +1,10 @@
 """Reference replies for AgentBench samples: what a perfect agent would say, turn by turn.
 
 Why it exists: replaying each sample's reference solution (dbbench: the gold answers or the gold SQL;
-os_interaction: the example script, then the expected answer) validates the harness itself. On a
-correct harness every sample whose reference is right passes, so the dev-split figures (dbbench
-60/60, os_interaction 25/26) are a check of the envs, the data loading and AgentBench's scoring.
+os_interaction: the example script, then the expected answer; alfworld: the game's walkthrough, one
+command per round) validates the harness itself. On a correct harness every sample whose reference is
+right passes, so the dev-split figures (dbbench 60/60, os_interaction 25/26, alfworld 20/20) are a
+check of the envs, the data loading and AgentBench's scoring.
 
 This module only knows the data: it turns a payload and the latest observation into reply text. The
 evaluation drives it through a scripted inference engine and the same workflow as training, so the
@@ -15,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-FAMILIES = ("dbbench", "os")
+FAMILIES = ("dbbench", "os", "alfworld")
 _OS_OUTPUT = "The output of the OS:\n\n"
 
 
@@ -32,7 +33,16 @@ class OracleEpisode:
     def reply(self, observation: str) -> str:
         """The reference reply to ``observation`` (the env's latest observation text)."""
         self.turn += 1
+        if self.family == "alfworld":
+            return self._alfworld()
         return self._db() if self.family == "dbbench" else self._os(observation)
+
+    def _alfworld(self) -> str:
+        """The walkthrough's next command in AgentBench's reply format (json_2.1.1 wording)."""
+        steps = self.payload.get("walkthrough") or []
+        if self.turn > len(steps):
+            return "THOUGHT: The walkthrough is over.\n ACTION: look"
+        return f"ACTION: {steps[self.turn - 1]}"
 
     def _db(self) -> str:
         p = self.payload

@@ -35,7 +35,8 @@ class SampleResult:
 
 def build_report(results: dict[str, list[SampleResult]], meta: dict[str, Any]) -> dict[str, Any]:
     """Per family: total, passed, skipped, success_rate (over samples not skipped), statuses,
-    average turns; dbbench adds by_type, AgentBench's categories and overall_cat_accuracy."""
+    average turns; dbbench adds by_type, AgentBench's categories and overall_cat_accuracy;
+    alfworld adds by_type (its task types)."""
     report: dict[str, Any] = {"meta": meta, "tasks": {}, "samples": {}}
     for family, items in results.items():
         ran = [r for r in items if not r.skipped]
@@ -50,9 +51,21 @@ def build_report(results: dict[str, list[SampleResult]], meta: dict[str, Any]) -
         }
         if family == "dbbench":
             fam.update(_db_categories(ran))
+        elif family == "alfworld":
+            fam["by_type"] = _by_type(ran)
         report["tasks"][family] = fam
         report["samples"][family] = [asdict(r) for r in items]
     return report
+
+
+def _by_type(ran: list[SampleResult]) -> dict[str, dict[str, int]]:
+    """Passed and total per sample type (ALFWorld: put, clean, heat, cool, examine, puttwo)."""
+    by_type: dict[str, dict[str, int]] = {}
+    for r in ran:
+        slot = by_type.setdefault(r.type, {"total": 0, "passed": 0})
+        slot["total"] += 1
+        slot["passed"] += int(r.passed)
+    return dict(sorted(by_type.items()))
 
 
 def _db_categories(ran: list[SampleResult]) -> dict[str, Any]:

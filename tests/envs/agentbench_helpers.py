@@ -28,3 +28,20 @@ def need_mysql() -> str:
     except pymysql.MySQLError as exc:
         pytest.skip(f"no MySQL/MariaDB reachable at root@127.0.0.1:3306: {exc}")
     return MYSQL_URL
+
+
+def need_alfworld_data() -> Path:
+    """The AgentBench data folder when it holds the ALFWorld games (dev.json, train.json, games/)."""
+    if not (DATA / "alfworld" / "dev.json").is_file():
+        pytest.skip(f"AgentBench ALFWorld data not found at {(DATA / 'alfworld').resolve()}")
+    return DATA.resolve()
+
+
+def need_alfworld() -> str:
+    """Skip unless the alfworld extra (alfworld, textworld[pddl], nltk) is installed."""
+    from envs.agentbench.alfworld.game import require_textworld
+
+    try:
+        return require_textworld()
+    except ImportError as exc:
+        pytest.skip(str(exc))

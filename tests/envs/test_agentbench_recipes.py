@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from agentbench_helpers import need_data
+from agentbench_helpers import need_alfworld, need_alfworld_data, need_data
 
 from astraflow.recipe import load_recipe
 
@@ -18,7 +18,24 @@ ALL = [
     "agentbench_db.toml",
     "gpu/agentbench_os.toml",
     "gpu/agentbench_db.toml",
+    "agentbench_alfworld.toml",
+    "gpu/agentbench_alfworld.toml",
 ]
+CPU = ["agentbench_db.toml", "agentbench_os.toml", "agentbench_alfworld.toml"]
+
+
+def need_env_backend(recipe) -> None:
+    """Skip when the recipe's env cannot run here (no OS sandbox, no alfworld extra)."""
+    if recipe.tasks.env.endswith("OS-v0"):
+        from envs.agentbench.os.sandbox import SandboxError, select_sandbox
+
+        try:
+            select_sandbox("auto")
+        except SandboxError as exc:
+            pytest.skip(str(exc))
+    if recipe.tasks.env.endswith("ALFWorld-v0"):
+        need_alfworld_data()
+        need_alfworld()
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -28,13 +45,19 @@ def test_recipe_validates_and_its_task_set_loads(name, monkeypatch):
     from tasks.catalog import load_task_set
 
     recipe = load_recipe(RECIPES / name)
-    assert recipe.tasks.env in ("astraflow/AgentBench-OS-v0", "astraflow/AgentBench-DB-v0")
+    if recipe.tasks.env.endswith("ALFWorld-v0"):
+        need_alfworld_data()
+    assert recipe.tasks.env in (
+        "astraflow/AgentBench-OS-v0",
+        "astraflow/AgentBench-DB-v0",
+        "astraflow/AgentBench-ALFWorld-v0",
+    )
     for s in recipe.tasks.sets:
         items = load_task_set(s.name, s.split, seed=recipe.run.seed, **s.kwargs)
         assert items and all("id" in p for p in items)
 
 
-@pytest.mark.parametrize("name", ["agentbench_db.toml", "agentbench_os.toml"])
+@pytest.mark.parametrize("name", CPU)
 def test_cpu_recipe_rollout_group_with_tiny_policy(name, monkeypatch):
     data = need_data()
     monkeypatch.setenv("ASTRAFLOW_AGENTBENCH_DATA", str(data))
@@ -49,13 +72,7 @@ def test_cpu_recipe_rollout_group_with_tiny_policy(name, monkeypatch):
     from tasks.catalog import load_task_set
 
     recipe = load_recipe(RECIPES / name)
-    if recipe.tasks.env.endswith("OS-v0"):
-        from envs.agentbench.os.sandbox import SandboxError, select_sandbox
-
-        try:
-            select_sandbox("auto")
-        except SandboxError as exc:
-            pytest.skip(str(exc))
+    need_env_backend(recipe)
     s = recipe.tasks.sets[0]
     payload = load_task_set(s.name, s.split, seed=0, **s.kwargs)[0]
     pol = recipe.policies["policy"]
@@ -98,7 +115,7 @@ def test_cpu_recipe_rollout_group_with_tiny_policy(name, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["agentbench_db.toml", "agentbench_os.toml"])
+@pytest.mark.parametrize("name", CPU)
 def test_cpu_recipe_trains_end_to_end(name, tmp_path):
     """`astraflow train` on the CPU recipe: every service starts, rollouts run in the real envs and
     the trainer commits its 3 optimizer steps; the run's checkpoint then serves `eval agentbench`."""
@@ -109,13 +126,7 @@ def test_cpu_recipe_trains_end_to_end(name, tmp_path):
 
     data = need_data()
     recipe = load_recipe(RECIPES / name)
-    if recipe.tasks.env.endswith("OS-v0"):
-        from envs.agentbench.os.sandbox import SandboxError, select_sandbox
-
-        try:
-            select_sandbox("auto")
-        except SandboxError as exc:
-            pytest.skip(str(exc))
+    need_env_backend(recipe)
     env = {**os.environ, "ASTRAFLOW_AGENTBENCH_DATA": str(data)}
     cmd = [sys.executable, "-m", "cli.main", "train", str(RECIPES / name), "--no-live",
            "--timeout", "400", "--set", f"run.output_dir={tmp_path}"]  # fmt: skip

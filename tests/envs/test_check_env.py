@@ -23,6 +23,11 @@ def test_check_env_and_random_episodes(env_id):
 
         if not docker_available() and overlay_problem() is not None:
             pytest.skip(f"no OS sandbox here: {overlay_problem()}")
+    if env_id == "astraflow/AgentBench-ALFWorld-v0":  # its sample tasks are the dev games
+        from agentbench_helpers import need_alfworld, need_alfworld_data
+
+        need_alfworld()
+        need_alfworld_data()
     row = check_one(env_id, {}, episodes=2, seed=0, max_action_chars=120)
     assert row["ok"], row.get("traceback")
     assert row["warnings"] == [], row["warnings"]

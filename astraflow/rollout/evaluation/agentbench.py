@@ -1,6 +1,8 @@
-"""``astraflow eval agentbench``: AgentBench v0.2 (dbbench, os_interaction) through the training path.
+"""``astraflow eval agentbench``: AgentBench v0.2 (dbbench, os_interaction, alfworld) through the
+training path.
 
-Each sample becomes a :class:`Task` for its env (``astraflow/AgentBench-DB-v0`` or ``-OS-v0``) and
+Each sample becomes a :class:`Task` for its env (``astraflow/AgentBench-DB-v0``, ``-OS-v0`` or
+``-ALFWorld-v0``) and
 runs through the workflow the AgentBench recipes train with (``single_agent``), with the agent's
 engine, and with envs created by an :class:`EnvRunner` (env calls never on the event loop). So what
 is evaluated is what is trained: the same prompt rendering, token sequence, turn and token limits.
@@ -25,7 +27,7 @@ from envs.agentbench.oracle import OracleEpisode
 from envs.agentbench.report import SampleResult, build_report
 from envs.agentbench.status import SampleStatus, TaskSkipped
 
-FAMILIES = ("dbbench", "os")
+FAMILIES = ("dbbench", "os", "alfworld")
 #: How long one env call may take (an OS sample's set-up runs init scripts of up to 120 s each).
 ENV_TIMEOUT_S = 900.0
 
@@ -57,7 +59,7 @@ class Family:
 
 
 def family(name: str) -> Family:
-    from envs.agentbench import DB_ENV_ID, OS_ENV_ID, data
+    from envs.agentbench import ALFWORLD_ENV_ID, DB_ENV_ID, OS_ENV_ID, data
 
     if name == "dbbench":
         from envs.agentbench.dbbench.env import MAX_ROUND
@@ -67,6 +69,10 @@ def family(name: str) -> Family:
         from envs.agentbench.os.env import ROUND_LIMIT
 
         return Family(name, OS_ENV_ID, ROUND_LIMIT, data.load_os)
+    if name == "alfworld":
+        from envs.agentbench.alfworld.protocol import MAX_STEP
+
+        return Family(name, ALFWORLD_ENV_ID, MAX_STEP, data.load_alfworld)
     raise ValueError(f"unknown task family {name!r}; expected one of {', '.join(FAMILIES)}")
 
 
@@ -101,6 +107,11 @@ def env_kwargs(fam: Family, config: EvalConfig, meta: dict[str, Any]) -> dict[st
         sandbox = select_sandbox(config.sandbox, dockerfiles_dir(config.data_dir))
         meta["sandbox"] = sandbox.backend
         return {"sandbox": sandbox, "data_dir": config.data_dir}
+    if fam.name == "alfworld":
+        from envs.agentbench.alfworld.game import require_textworld
+
+        meta["alfworld"] = require_textworld()
+        return {}
     from envs.agentbench.dbbench.backends import make_backend
 
     meta["db"] = make_backend(config.db).describe()

@@ -1,7 +1,9 @@
 """``single_agent``: the generic multi-turn loop of one policy over any registered env.
 
 Env calls are awaited on the env the node's ``make_env`` returns (an ``AsyncEnv``), so a slow env
-step (a sandbox run, a database query) never blocks other episodes on the node.
+step (a sandbox run, a database query) never blocks other episodes on the node. An env whose reset
+info carries ``messages`` (chat turns, e.g. AgentBench ALFWorld's one-shot dialogue) opens the
+conversation with them instead of its observation as one user message.
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ async def single_agent(
         t0 = time.perf_counter()
         obs, info = await env.reset(seed=None, options={"task": task.payload})
         env_s += time.perf_counter() - t0
-        rec = TurnRecorder("agent", renderer.prompt_ids(obs))
+        # An env may open with chat turns of its own (a benchmark's few-shot dialogue).
+        rec = TurnRecorder("agent", renderer.prompt_ids(obs, info.get("messages")))
         total_reward = 0.0
         finish = "turn_limit"
         params = sampling_for(task, agent)

@@ -37,10 +37,18 @@ class ChatRenderer:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def prompt_ids(self, first_observation: str) -> list[int]:
-        """Ids of the conversation start up to the assistant's first generation."""
-        text = self._render(self._base() + [{"role": "user", "content": first_observation}], True)
-        return self.encode(text)
+    def prompt_ids(
+        self, first_observation: str, messages: list[dict[str, str]] | None = None
+    ) -> list[int]:
+        """Ids of the conversation start up to the assistant's first generation.
+
+        ``messages``: an env's opening as chat turns (e.g. a benchmark's few-shot dialogue with
+        earlier assistant turns, ``info["messages"]`` of its reset), rendered instead of
+        ``first_observation`` as one user message; it must end with a user message.
+        """
+        if messages is None:
+            messages = [{"role": "user", "content": first_observation}]
+        return self.encode(self._render(self._base() + check_messages(messages), True))
 
     def after_assistant_text(self) -> str:
         """What the template writes after an assistant message's content (end marker, newline)."""
@@ -84,3 +92,26 @@ class ChatRenderer:
         else:  # template does not render incrementally; fall back to rendering the messages alone
             turn = self._render(list(messages), True)
         return self.encode(closing + turn)
+
+
+def check_messages(messages: Any) -> list[dict[str, str]]:
+    """``messages`` as a chat opening: user/assistant turns with text, ending with a user turn."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(
+            f"an env's opening messages must be a non-empty list, got {messages!r:.80}"
+        )
+    out = []
+    for i, m in enumerate(messages):
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in ("system", "user", "assistant")
+            or not isinstance(m.get("content"), str)
+        ):
+            raise ValueError(
+                f"opening message {i} must be {{'role': 'system'|'user'|'assistant', "
+                f"'content': str}}, got {m!r:.120}"
+            )
+        out.append({"role": m["role"], "content": m["content"]})
+    if out[-1]["role"] != "user":
+        raise ValueError("an env's opening messages must end with a user message")
+    return out
