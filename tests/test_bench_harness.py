@@ -156,6 +156,7 @@ def test_read_dataflow_times_from_a_store_with_the_services_schema(tmp_path):
     assert H.read_dataflow_times(tmp_path / "missing.db").training_start is None
 
 
+@pytest.mark.slow
 def test_run_subprocess_stops_the_whole_process_group_on_timeout(tmp_path):
     pid_file = tmp_path / "child.pid"
     script = (

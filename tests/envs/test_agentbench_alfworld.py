@@ -196,6 +196,7 @@ def test_env_endings_invalid_repeated_and_round_limit():
     assert info["status"] == "task limit reached" and not info["success"]
 
 
+@pytest.mark.slow
 def test_compact_prompt_and_abort():
     need_alfworld()
     from envs.agentbench.status import SampleStatus
@@ -280,6 +281,7 @@ def test_eval_agentbench_oracle_wins_every_dev_game(tmp_path):
     assert all(v["passed"] == v["total"] for v in fam["by_type"].values())
 
 
+@pytest.mark.slow
 def test_games_in_threads_share_a_bounded_pool_of_planner_libraries():
     """Games loaded from several threads at once all play correctly (TextWorld is not thread-safe:
     without the lock, grammars fail to parse), and closed games' planner libraries are reused."""

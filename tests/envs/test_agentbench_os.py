@@ -121,6 +121,7 @@ def test_parse_action_rules():
 # --- the sandbox ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_episode_shell_state_isolation_timeout_and_truncation():
     factory = _factory()
     marker = f"/usr/astraflow-test-{uuid.uuid4().hex}"
@@ -196,6 +197,7 @@ def test_tasks_needing_network_are_skipped_with_reason():
 # --- oracle on the dev split ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_oracle_passes_every_dev_sample_it_can():
     data = need_data()
     factory = _factory()

@@ -57,7 +57,11 @@ def test_recipe_validates_and_its_task_set_loads(name, monkeypatch):
         assert items and all("id" in p for p in items)
 
 
-@pytest.mark.parametrize("name", CPU)
+@pytest.mark.parametrize(
+    "name",
+    # ALFWorld's group loads TextWorld games: in the full suite only
+    [pytest.param(n, marks=pytest.mark.slow) if "alfworld" in n else n for n in CPU],
+)
 def test_cpu_recipe_rollout_group_with_tiny_policy(name, monkeypatch):
     data = need_data()
     monkeypatch.setenv("ASTRAFLOW_AGENTBENCH_DATA", str(data))

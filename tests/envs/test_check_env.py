@@ -16,7 +16,14 @@ def test_builtin_families_are_registered():
     assert {"astraflow/Math-v0", "astraflow/MathMultiTurn-v0", "astraflow/Search-v0"} <= ids
 
 
-@pytest.mark.parametrize("env_id", [s.id for s in SPECS])
+#: envs whose check takes long (ALFWorld loads TextWorld games): in the full suite only
+_SLOW_ENVS = {"astraflow/AgentBench-ALFWorld-v0"}
+
+
+@pytest.mark.parametrize(
+    "env_id",
+    [pytest.param(s.id, marks=pytest.mark.slow) if s.id in _SLOW_ENVS else s.id for s in SPECS],
+)
 def test_check_env_and_random_episodes(env_id):
     if env_id == "astraflow/AgentBench-OS-v0":
         from envs.agentbench.os.sandbox import docker_available, overlay_problem

@@ -120,6 +120,7 @@ def test_hanging_test_times_out_alone():
     assert len(timed) == 1 and "timeout" in timed[0]["error"]
 
 
+@pytest.mark.slow
 def test_program_killed_by_wall_clock_counts_unrun_tests_as_failed():
     env = CodeEnv(timeout_s=3.0, test_timeout_s=10.0)
     env.reset(options={"task": TASK})

@@ -114,6 +114,7 @@ for host in ("127.0.0.1", "1.1.1.1"):
     assert not reached, "the host listener received a connection from the sandbox"
 
 
+@pytest.mark.slow
 def test_fork_bomb_is_contained(box):
     source = """
 import os, time
@@ -163,6 +164,7 @@ while True:
     assert not result.timed_out, "the memory limit, not the clock, must stop the program"
 
 
+@pytest.mark.slow
 def test_infinite_loop_is_killed_at_the_wall_clock(box):
     t0 = time.monotonic()
     result = run_hostile(box, "while True:\n    pass\n", wall_time_s=2.0)
@@ -230,6 +232,7 @@ for path in {paths!r}:
     assert "AF_HOST_SECRET" not in result.stdout
 
 
+@pytest.mark.slow
 def test_killing_the_parent_is_contained(box):
     host_pid = os.getpid()
     source = f"""

@@ -132,6 +132,7 @@ def _digests(path: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.iterdir())}
 
 
+@pytest.mark.slow
 def test_build_command_is_deterministic(tmp_path):
     from typer.testing import CliRunner
 

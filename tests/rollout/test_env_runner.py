@@ -133,6 +133,7 @@ class HeartbeatWatch:
 
 
 # ------------------------------------------------------------------------------------ node tests
+@pytest.mark.slow
 def test_slow_sync_steps_overlap_and_heartbeats_go_on(tmp_path, tiny_policies):
     """32 episodes of 2 turns, each step blocking its thread for 1 s: on the node's loop that is
     64 s of silence; in the runner's pool the turns of all episodes overlap."""

@@ -17,6 +17,9 @@ openai = pytest.importorskip("openai", reason="the openai SDK is in the test ext
 
 from astraflow.models import resolve_model  # noqa: E402
 
+#: a real `serve policy` process per module (a few seconds to start): the full suite runs it
+pytestmark = pytest.mark.slow
+
 KEY = "serve-policy-test-key"
 
 

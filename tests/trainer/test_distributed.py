@@ -14,6 +14,7 @@ import pytest
 WORKER = Path(__file__).resolve().parent / "ddp_worker.py"
 
 
+@pytest.mark.slow
 def test_two_process_training_shares_one_batch_and_commits_once(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]

@@ -161,6 +161,7 @@ def test_a_snapshot_is_rebuilt_from_cached_deltas_not_downloaded(tmp_path):
         stop_up()
 
 
+@pytest.mark.slow
 def test_snapshot_files_are_the_same_bytes_in_every_process(tmp_path):
     """The cache's rebuilt snapshot must hash like the trainer's: one metadata key (safetensors
     writes several in an order that differs between processes)."""
