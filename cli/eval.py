@@ -391,29 +391,8 @@ def parse_engine_args(items: list[str], flag: str = "--engine-arg") -> dict:
 
 
 def resolve_policy(policy: str) -> str:
-    """builtin:NAME -> its path; a run directory -> its latest checkpoint; anything else as is.
+    """builtin:NAME -> its path; a run directory -> its latest checkpoint; anything else as is
+    (:func:`astraflow.models.loading.resolve_checkpoint`, shared with `serve policy`)."""
+    from astraflow.models.loading import resolve_checkpoint
 
-    A checkpoint is a directory holding ``config.json``; the latest is the one with the highest
-    number in its name (the trainer's checkpoint-120 > checkpoint-80), newest modification time
-    breaking ties.
-    """
-    import re
-
-    from astraflow.models import resolve_model
-
-    path = Path(policy)
-    if policy.startswith("builtin:") or not path.is_dir():
-        return resolve_model(policy)
-    if (path / "config.json").is_file():
-        return str(path)
-    found = [p.parent for p in path.glob("**/config.json") if len(p.relative_to(path).parts) <= 4]
-    if not found:
-        raise FileNotFoundError(
-            f"{path} is neither a checkpoint nor a run directory with checkpoints"
-        )
-
-    def key(p: Path):
-        nums = [int(n) for n in re.findall(r"\d+", p.name)]
-        return (nums[-1] if nums else -1, p.stat().st_mtime)
-
-    return str(max(found, key=key))
+    return resolve_checkpoint(policy)

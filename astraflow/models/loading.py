@@ -47,7 +47,7 @@ def resolve_checkpoint(model: str | Path) -> str:
     found = [p.parent for p in path.glob("**/config.json") if len(p.relative_to(path).parts) <= 4]
     if not found:
         raise FileNotFoundError(
-            f"{path} is neither a checkpoint (no config.json) nor a run directory with checkpoints"
+            f"{path} is neither a checkpoint nor a run directory with checkpoints (no config.json)"
         )
 
     def newest(p: Path):
