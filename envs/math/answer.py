@@ -122,7 +122,8 @@ SYMBOLIC_TIMEOUT_S = 5.0
 
 
 class _Watchdog:
-    """Raises math-verify's ``TimeoutException`` in one thread after ``seconds``.
+    """Raises math-verify's ``TimeoutException`` in one thread after ``seconds``, and again every
+    ``refire_s`` until the guarded block exits.
 
     Why: math-verify bounds sympy with ``signal.alarm``, which only the main thread may use, so
     off the main thread (a rollout node steps envs in worker threads) it must run with its own
@@ -130,35 +131,44 @@ class _Watchdog:
     (``PyThreadState_SetAsyncExc``) stops it at the next bytecode boundary, exactly where a
     SIGALRM handler would have raised; math-verify catches its ``TimeoutException`` (a
     ``BaseException``, so sympy's ``except Exception`` blocks let it through) and reports "no
-    match". Like the signal, it cannot interrupt one long C call (a huge integer power).
+    match". One delivery is not enough: when the bytecode boundary happens to be inside a
+    weakref callback or a ``__del__`` (sympy's caches drop objects all the time), Python prints
+    "Exception ignored" and the computation goes on unbounded, so the watchdog fires again until
+    the block has exited. Like the signal, it cannot interrupt one long C call (a huge integer power).
     """
 
-    def __init__(self, seconds: float, exc: type[BaseException]):
+    def __init__(self, seconds: float, exc: type[BaseException], refire_s: float = 0.05):
         self.ident = threading.get_ident()
         self.exc = exc
+        self.seconds = seconds
+        self.refire_s = refire_s
         self.fired = False
         self._armed = True
         self._lock = threading.Lock()
-        self._timer = threading.Timer(seconds, self._fire)
-        self._timer.daemon = True
+        self._exited = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="math-verify-watchdog", daemon=True)
 
-    def _fire(self) -> None:
-        with self._lock:
-            if self._armed:
+    def _watch(self) -> None:
+        wait = self.seconds
+        while not self._exited.wait(wait):
+            with self._lock:
+                if not self._armed:
+                    return
                 self.fired = True
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(self.ident), ctypes.py_object(self.exc)
                 )
+            wait = self.refire_s
 
     def __enter__(self) -> _Watchdog:
-        self._timer.start()
+        self._thread.start()
         return self
 
     def __exit__(self, *exc_info) -> None:
         with self._lock:
             self._armed = False
             fired = self.fired
-        self._timer.cancel()
+        self._exited.set()
         if fired:  # delivered already (and caught), or still pending: clear a pending one
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.ident), None)
 

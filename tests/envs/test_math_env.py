@@ -204,3 +204,42 @@ def test_symbolic_grading_is_bounded_in_a_worker_thread(monkeypatch):
     # three bounded math-verify calls (two parses, one verify) at 0.3 s each, plus slack
     assert took < 2.0, f"grading in a worker thread was not cut: {took:.2f}s"
     assert (half, commuted) == (True, True)
+
+
+def test_watchdog_fires_again_when_its_first_delivery_is_swallowed():
+    """An asynchronous exception that lands in a weakref callback or ``__del__`` is printed as
+    "Exception ignored" and lost (seen in CI: sympy then ran for 6 s past a 0.3 s bound); the
+    watchdog must fire again until the guarded block has exited."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from envs.math import answer
+
+    class Cut(BaseException):
+        pass
+
+    def spin(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            pass
+
+    def guarded() -> tuple[bool, bool, float]:
+        assert threading.current_thread() is not threading.main_thread()
+        swallowed = cut = False
+        t0 = time.perf_counter()
+        try:
+            with answer._Watchdog(0.1, Cut, refire_s=0.02):
+                try:
+                    spin(10)
+                except Cut:
+                    swallowed = True  # what an "Exception ignored" does to the first delivery
+                spin(10)
+        except Cut:
+            cut = True
+        return swallowed, cut, time.perf_counter() - t0
+
+    with ThreadPoolExecutor(1) as pool:
+        swallowed, cut, took = pool.submit(guarded).result(timeout=60)
+    assert swallowed and cut
+    assert took < 5.0, f"the second delivery never came: the block ran {took:.1f}s"
