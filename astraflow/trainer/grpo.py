@@ -56,6 +56,7 @@ from trl import GRPOConfig, GRPOTrainer
 from astraflow.protocol import Batch
 from astraflow.recipe.schema import LoraConfig, TrainerConfig
 from astraflow.trainer.checkpoints import CheckpointMark, newest_complete, write_mark
+from astraflow.trainer.rank_share import RankPayload, share_from_main
 from astraflow.trainer.samples import AdvantageMode, CollatedBatch, collate_batch
 from astraflow.trainer.source import BatchSource, SourceExhausted
 
@@ -185,31 +186,28 @@ class AstraGRPOTrainer(GRPOTrainer):
         rank = self.accelerator.process_index
         vocab = self.model.config.get_text_config().vocab_size
         while True:
-            payload: Any = None
+            payload: RankPayload | None = None
             if self.accelerator.is_main_process:
                 try:
-                    payload = (
+                    payload = RankPayload(
                         "ok",
                         self.source.next_batch(self.policy, self.groups_per_step, self.version),
                     )
                 except SourceExhausted as exc:
-                    payload = ("exhausted", str(exc))
+                    payload = RankPayload("exhausted", message=str(exc))
                 except Exception as exc:  # shared so that no process waits forever
                     if world == 1:
                         raise
-                    payload = ("error", f"{type(exc).__name__}: {exc}")
+                    payload = RankPayload("error", message=f"{type(exc).__name__}: {exc}")
             if world > 1:
-                from accelerate.utils import broadcast_object_list
-
-                box = [payload]
-                broadcast_object_list(box, from_process=0)
-                payload = box[0]
-            kind, value = payload
-            if kind == "exhausted":
-                raise SourceExhausted(value)
-            if kind == "error":
-                raise RuntimeError(f"batch source failed on the main process: {value}")
-            batch: Batch = value
+                payload = share_from_main(payload, device=self.accelerator.device)
+            assert payload is not None
+            if payload.kind == "exhausted":
+                raise SourceExhausted(payload.message)
+            if payload.kind == "error":
+                raise RuntimeError(f"batch source failed on the main process: {payload.message}")
+            assert payload.batch is not None
+            batch: Batch = payload.batch
             local = batch.model_copy(update={"groups": batch.groups[rank::world]})
             # Every process must hold the same number of rows; all know every share's size.
             rows = max(sum(len(g.samples) for g in batch.groups[r::world]) for r in range(world))
