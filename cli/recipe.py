@@ -37,6 +37,9 @@ def check(
                 f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
             )
             continue
+        if not _agent_ok(f, recipe):
+            failed += 1
+            continue
         if tasks and not _tasks_ok(f, recipe, rows):
             failed += 1
             continue
@@ -49,6 +52,26 @@ def check(
         )
     if failed:
         raise typer.Exit(1)
+
+
+def _agent_ok(path: Path, recipe) -> bool:
+    """Import ``workflow.agent`` and check its signature, as every rollout node will at start-up:
+    a typo there otherwise surfaces only as a failed episode on each node after the run started."""
+    if not recipe.workflow.agent:
+        return True
+    from astraflow.rollout.workflows.base import WorkflowError
+    from astraflow.rollout.workflows.openai_agent import load_agent
+
+    try:
+        load_agent(recipe.workflow.agent)
+    except WorkflowError as exc:
+        err_console.print(
+            f"[bold red]error:[/] {escape(str(path))}: {escape(str(exc))}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return False
+    return True
 
 
 def _tasks_ok(path: Path, recipe, rows: int) -> bool:

@@ -266,3 +266,20 @@ def test_trainer_lora_and_processes_keys_validate_with_named_errors():
         load_recipe(qs, ["policies.policy.trainer.lora={target_modules=[]}"])
     with pytest.raises(RecipeError, match=r"lora"):
         load_recipe(qs, ["policies.policy.trainer.lora={rank=4}"])  # the key is r
+
+
+def test_cli_recipe_check_imports_the_openai_agent(tmp_path: Path):
+    """``workflow.agent`` is imported and its signature checked by ``recipe check`` (as every node
+    would at start-up), so a typo fails before the run starts."""
+    agents = Path(__file__).resolve().parent / "rollout" / "openai_agents" / "arith_agent.py"
+    sync_agent = tmp_path / "sync_agent.py"
+    sync_agent.write_text("def agent(client, payload):\n    return 1.0\n")
+    base = ["recipe", "check", "--no-tasks", str(QUICKSTART), "--set", "workflow.name=openai_agent"]
+    ok = runner.invoke(app, [*base, "--set", f"workflow.agent={agents}:solve"])
+    assert ok.exit_code == 0, ok.output
+    typo = runner.invoke(app, [*base, "--set", f"workflow.agent={agents}:solv"])
+    assert typo.exit_code == 1
+    assert "has no attribute 'solv'" in typo.output
+    not_async = runner.invoke(app, [*base, "--set", f"workflow.agent={sync_agent}:agent"])
+    assert not_async.exit_code == 1
+    assert "must be an async function" in not_async.output
