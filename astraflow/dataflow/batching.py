@@ -1,4 +1,4 @@
-"""Batches: choosing groups for a trainer, advantages, redelivery, acknowledgement, sync rounds.
+"""Batches: choosing groups for a trainer, advantages, redelivery, acknowledgement.
 
 Advantages are computed at batch time from the group statistics stored at ingestion, following the
 policy's ``trainer.scale_rewards``: ``group`` -> (r - mean) / (std + eps); ``batch`` -> (r - mean) /
@@ -20,7 +20,6 @@ from collections import Counter
 from astraflow.dataflow import replays, state, timeline
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.errors import Invalid, NotFound
-from astraflow.dataflow.leases import current_round
 from astraflow.dataflow.packed import unstore
 from astraflow.dataflow.policies import GroupView, SampleView
 from astraflow.dataflow.store import Tx
@@ -58,9 +57,7 @@ def next_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
     done_steps = state.steps(tx).get(req.policy, 0)
     if done_steps >= ctx.config.recipe.run.max_steps:
         return reply(done=True, reason=f"policy {req.policy!r} reached run.max_steps")
-    if ctx.config.sync:
-        return _sync_batch(ctx, tx, req)
-    return _async_batch(ctx, tx, req)
+    return ctx.mode.next_batch(ctx, tx, req)
 
 
 def reply(
@@ -110,7 +107,8 @@ def _filter_group(ctx: Context, tx: Tx, group_id: str, trainer_version: int):
     return kept, dropped
 
 
-def _async_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
+def next_async_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
+    """Async mode: the best ready groups (and replays), or None while too few are ready."""
     chosen, dropped = [], Counter()
     replay = ctx.pipeline.replay
     slots = replay.slots(req.num_groups) if replay is not None else 0
@@ -147,11 +145,18 @@ def _async_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
     return _create_batch(ctx, tx, req, chosen, dropped, None)
 
 
-def _sync_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
-    round_ = current_round(tx)
-    if tx.one(
-        "SELECT 1 FROM batches WHERE policy=? AND round=? AND state='acked'", (req.policy, round_)
-    ):
+def round_acked(tx: Tx, policy: str, round_: int) -> bool:
+    """Lock-step mode: ``policy`` acknowledged its batch of round ``round_``."""
+    return bool(
+        tx.one(
+            "SELECT 1 FROM batches WHERE policy=? AND round=? AND state='acked'", (policy, round_)
+        )
+    )
+
+
+def next_round_batch(ctx: Context, tx: Tx, req: BatchRequest, round_: int) -> dict | None:
+    """Lock-step mode: exactly round ``round_``'s groups, once every task of it is done."""
+    if round_acked(tx, req.policy, round_):
         return None  # waiting for the other policies and version announcements
     total, open_ = tx.one(
         "SELECT COUNT(*), SUM(state != 'done') FROM tasks WHERE is_eval=0 AND round=?", (round_,)
@@ -352,28 +357,6 @@ def ack(ctx: Context, tx: Tx, batch_id: str, req: BatchAck) -> Ack:
             },
         )
         result = Ack(ok=True, detail=f"step {step} of {policy!r} recorded", at=now)
-        if ctx.config.sync:
-            maybe_advance_round(ctx, tx)
+        ctx.mode.advance(ctx, tx)
     state.remember(tx, req.idempotency_key, "ack", state.pack(result.model_dump()), now)
     return result
-
-
-def start_round(ctx: Context, tx: Tx, round_: int) -> None:
-    tx.set_meta("round", str(round_))
-    ctx.feeder.enqueue(tx, ctx.config.round_size, round_=round_)
-
-
-def maybe_advance_round(ctx: Context, tx: Tx) -> bool:
-    """Sync mode: start round r+1 once every trainable policy acked round r's batch and
-    announced version r+1."""
-    round_ = current_round(tx)
-    latest = state.latest_versions(tx)
-    for p in ctx.config.trainable:
-        if not tx.one(
-            "SELECT 1 FROM batches WHERE policy=? AND round=? AND state='acked'", (p, round_)
-        ):
-            return False
-        if latest.get(p, -1) < round_ + 1:
-            return False
-    start_round(ctx, tx, round_ + 1)
-    return True

@@ -71,10 +71,6 @@ class ServiceConfig:
         return bool(p and p.trainable)
 
     @property
-    def sync(self) -> bool:
-        return self.recipe.run.mode == "sync"
-
-    @property
     def round_size(self) -> int:
         """Tasks per sync round: enough for one optimizer step of every trainable policy."""
         sizes = [self.recipe.policies[p].trainer.groups_per_step for p in self.trainable]

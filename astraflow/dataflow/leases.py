@@ -1,4 +1,4 @@
-"""Task leases: granting (with admission control and sync rounds), renewal, expiry, release.
+"""Task leases: granting (with admission control, then the run mode's gate: see :mod:`.modes`), renewal, expiry, release.
 
 A lease hands one task (all ``group_size`` episodes of it) to one node until a deadline. Heartbeats
 extend the deadlines of the node's leases; a lease past its deadline returns its task to the queue
@@ -60,10 +60,6 @@ def requeue_if_orphaned(tx: Tx, task_id: str) -> None:
     )
     if not active:
         tx.execute("UPDATE tasks SET state='pending' WHERE id=? AND state='leased'", (task_id,))
-
-
-def current_round(tx: Tx) -> int:
-    return int(tx.get_meta("round", "0"))
 
 
 def nodes_done(ctx: Context, tx: Tx) -> bool:
@@ -133,7 +129,7 @@ def _admission(ctx: Context, req: LeaseRequest, latest: dict[str, int]) -> str |
     return None
 
 
-def _buffer_room(ctx: Context, tx: Tx) -> tuple[int, str | None]:
+def buffer_room(ctx: Context, tx: Tx) -> tuple[int, str | None]:
     """Async backpressure: how many more training tasks may start now.
 
     Data produced beyond what the trainers will consume within ``dataflow.buffer_steps`` optimizer
@@ -311,7 +307,7 @@ def _attempt(
     latest: dict[str, int],
     locations: dict[str, str],
 ) -> LeaseGrant:
-    """Grant what this request may take now (admission control, sync round, backpressure)."""
+    """Grant what this request may take now (admission control, then the run mode's gate)."""
     now = ctx.now()
     reply = LeaseGrant(latest_versions=latest, weight_locations=locations)
     chosen = list(_eval_candidates(tx, req, req.max_tasks))
@@ -320,21 +316,12 @@ def _attempt(
     exhausted = ctx.feeder.exhausted(tx)
     if remaining > 0 and not state.training_done(tx, ctx.config, exhausted):
         reason = _admission(ctx, req, latest)
-        round_ = None
-        if reason is None and ctx.config.sync:
-            round_ = current_round(tx)
-            behind = [p for p in ctx.config.trainable if req.versions.get(p, -1) != round_]
-            if behind:
-                reason = (
-                    f"sync mode: round {round_} runs only on nodes holding version {round_} "
-                    f"of {ctx.config.trainable}; this node holds "
-                    f"{ {p: req.versions.get(p) for p in ctx.config.trainable} }"
-                )
-        if reason is None and round_ is None:
-            room, reason = _buffer_room(ctx, tx)
-            remaining = min(remaining, room)
-        if reason is None and remaining > 0:
-            chosen.extend(_training_candidates(ctx, tx, remaining, round_))
+        if reason is None:
+            gate = ctx.mode.training_gate(ctx, tx, req)
+            reason = gate.reason
+            remaining = min(remaining, gate.room)
+            if reason is None and remaining > 0:
+                chosen.extend(_training_candidates(ctx, tx, remaining, gate.round))
     for row in chosen:
         task = load_task(row[2])
         lease = Lease(
@@ -358,10 +345,8 @@ def _attempt(
             reason = "training is complete; only evaluation tasks remain"
         elif exhausted:
             reason = "all task sets are exhausted; waiting for in-flight tasks"
-        elif ctx.config.sync:
-            reason = f"sync mode: round {current_round(tx)} has no more pending tasks"
         else:
-            reason = "no pending tasks right now"
+            reason = ctx.mode.idle_reason(tx)
     reply.reason = reason
     return reply
 

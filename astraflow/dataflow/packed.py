@@ -25,26 +25,25 @@ ARRAY_FIELDS = (("tokens", "<i4"), ("loss_mask", "<i4"), ("logprobs", "<f4"), ("
 
 @dataclass
 class PackedArrays:
-    """One trajectory's per-token arrays as little-endian bytes, plus what ingestion needs."""
+    """One trajectory's per-token arrays in their stored form, plus what ingestion needs.
+
+    Tokens and log-probs are the little-endian bytes as they arrived. Loss mask and versions are
+    runs of a few values, so they are stored zlib-compressed (~40x smaller, halving the bytes
+    written per sample); :func:`unstore` reverses this. The compression happens here, when the push
+    is decoded on the request's thread, not in the ingest transaction: the store's one writer
+    thread serialises every operation of the service, and zlib was a third of its CPU per push."""
 
     tokens: bytes
-    loss_mask: bytes
+    loss_mask_z: bytes
     logprobs: bytes
-    versions: bytes
+    versions_z: bytes
     n_tokens: int
     min_version: int
     max_version: int
 
     def stored(self) -> tuple[bytes, bytes, bytes, bytes]:
-        """The arrays as stored in SQLite: loss mask and versions are runs of a few values, so
-        they are zlib-compressed (~40x smaller), halving the bytes written per sample; tokens and
-        log-probs are stored as they arrived. :func:`unstore` reverses this."""
-        return (
-            self.tokens,
-            zlib.compress(self.loss_mask, 1),
-            self.logprobs,
-            zlib.compress(self.versions, 1),
-        )
+        """The arrays as stored in SQLite (tokens, loss_mask, logprobs, versions columns)."""
+        return self.tokens, self.loss_mask_z, self.logprobs, self.versions_z
 
     @classmethod
     def from_lists(cls, tokens, loss_mask, logprobs, versions) -> PackedArrays:
@@ -60,9 +59,9 @@ class PackedArrays:
         raw = received or {}
         return cls(
             tokens=raw.get("tokens") or t.tobytes(),
-            loss_mask=raw.get("loss_mask") or m.tobytes(),
+            loss_mask_z=zlib.compress(raw.get("loss_mask") or m.tobytes(), 1),
             logprobs=raw.get("logprobs") or lp.tobytes(),
-            versions=raw.get("versions") or v.tobytes(),
+            versions_z=zlib.compress(raw.get("versions") or v.tobytes(), 1),
             n_tokens=int(t.size),
             min_version=int(gen.min()) if gen.size else -1,
             max_version=int(gen.max()) if gen.size else -1,

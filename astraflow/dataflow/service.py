@@ -15,13 +15,23 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from astraflow.dataflow import adaptive, batching, evaluations, ingest, leases, state, timeline
+from astraflow.dataflow import (
+    adaptive,
+    batching,
+    evaluations,
+    ingest,
+    leases,
+    modes,
+    state,
+    timeline,
+)
 from astraflow.dataflow import status as status_mod
 from astraflow.dataflow.config import ServiceConfig
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.errors import Invalid
 from astraflow.dataflow.feeder import TaskFeeder
 from astraflow.dataflow.metrics import MetricsLog
+from astraflow.dataflow.modes import RunMode
 from astraflow.dataflow.policies import Pipeline, PolicyRegistry
 from astraflow.dataflow.store import Store, Tx
 from astraflow.protocol import (
@@ -60,10 +70,12 @@ class _LeaseWaiter:
     expired: bool = False
 
 
-def _held_back(config: ServiceConfig, req: LeaseRequest, latest: dict[str, int]) -> bool:
+def _held_back(
+    config: ServiceConfig, mode: RunMode, req: LeaseRequest, latest: dict[str, int]
+) -> bool:
     """The node's training work is held back until it loads other weights: admission control
-    (more than ``max_lag`` versions behind, or ahead of a timeline that rewound) or, in sync mode,
-    a round that needs the latest version. A node behind by ``max_lag`` or less may take work with the weights it has, so its
+    (more than ``max_lag`` versions behind, or ahead of a timeline that rewound) or a run mode that
+    always needs the latest version (lock-step rounds, :mod:`.modes`). A node behind by ``max_lag`` or less may take work with the weights it has, so its
     request parks like any other; telling it at once would only send it away: a node that loads
     a version more slowly than the trainer publishes them (a remote region over a slow link) was
     then never parked, and got work only when some happened to be free at the instant it asked."""
@@ -77,7 +89,7 @@ def _held_back(config: ServiceConfig, req: LeaseRequest, latest: dict[str, int])
             bound = config.recipe.max_lag_for(policy)
         except KeyError:  # a policy the recipe does not know: treat as held back (answer now)
             return True
-        if config.sync or newest - held > bound:
+        if mode.holds_back(newest, held, bound):
             return True
     return False
 
@@ -98,9 +110,11 @@ def _news(waiter: _LeaseWaiter, outcome: LeaseGrant) -> bool:
     )
 
 
-def _answer(config: ServiceConfig, req: LeaseRequest, outcome: LeaseGrant) -> LeaseGrant:
+def _answer(
+    config: ServiceConfig, mode: RunMode, req: LeaseRequest, outcome: LeaseGrant
+) -> LeaseGrant:
     """The grant as sent: an empty one says whether the node must load new weights first."""
-    if outcome.leases or outcome.done or not _held_back(config, req, outcome.latest_versions):
+    if outcome.leases or outcome.done or not _held_back(config, mode, req, outcome.latest_versions):
         return outcome
     return outcome.model_copy(update={"update_first": True})
 
@@ -133,7 +147,13 @@ class DataflowService:
             per_step = max(p.trainer.groups_per_step for p in config.recipe.policies.values())
             config.task_window = min(config.task_window, per_step)
         feeder = TaskFeeder(config, pipeline, loader=task_loader)
-        self.ctx = Context(config, pipeline, feeder, MetricsLog(config.metrics_path))
+        self.ctx = Context(
+            config,
+            pipeline,
+            feeder,
+            MetricsLog(config.metrics_path),
+            modes.for_run_mode(config.recipe.run.mode),
+        )
         self.store = Store(store_path, synchronous=synchronous)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
@@ -152,8 +172,7 @@ class DataflowService:
         adaptive.load(self.ctx, tx)
         for key in self.ctx.feeder.sets:  # fail at startup on a bad task set, not later
             self.ctx.feeder.payloads(key)
-        if self.config.sync and tx.get_meta("round") is None:
-            batching.start_round(self.ctx, tx, 0)
+        self.ctx.mode.start(self.ctx, tx)
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -313,9 +332,9 @@ class DataflowService:
             or req.wait_s <= 0
             or self._lease_kick is None
             # it must load newer weights before it may work: tell it now
-            or _held_back(self.config, req, outcome.latest_versions)
+            or _held_back(self.config, self.ctx.mode, req, outcome.latest_versions)
         ):
-            return _answer(self.config, req, outcome)
+            return _answer(self.config, self.ctx.mode, req, outcome)
         loop = asyncio.get_running_loop()
         waiter = _LeaseWaiter(req, loop.create_future(), outcome)
         self._lease_waiters[id(waiter)] = waiter
@@ -325,12 +344,12 @@ class DataflowService:
         try:
             try:
                 outcome = await asyncio.wait_for(asyncio.shield(waiter.fut), timeout=req.wait_s)
-                return _answer(self.config, req, outcome)
+                return _answer(self.config, self.ctx.mode, req, outcome)
             except asyncio.TimeoutError:
                 if not waiter.in_pass:
-                    return _answer(self.config, req, waiter.last)
+                    return _answer(self.config, self.ctx.mode, req, waiter.last)
                 waiter.expired = True  # the pass under way answers it, leases or not
-                return _answer(self.config, req, await waiter.fut)
+                return _answer(self.config, self.ctx.mode, req, await waiter.fut)
         finally:
             self._lease_waiters.pop(id(waiter), None)
 
@@ -443,8 +462,7 @@ class DataflowService:
                 "THEN created_at ELSE excluded.created_at END",
                 (wv.policy, wv.version, wv.model_dump_json(), self.ctx.now()),
             )
-            if self.config.sync:
-                batching.maybe_advance_round(self.ctx, tx)
+            self.ctx.mode.advance(self.ctx, tx)
             latest = state.latest_versions(tx)[wv.policy]
             rewound = f"; {undone} later step(s) will be trained again" if undone else ""
             return Ack(

@@ -6,7 +6,7 @@ import json
 
 from astraflow.dataflow import evaluations, state
 from astraflow.dataflow.context import Context
-from astraflow.dataflow.leases import current_round, nodes_done
+from astraflow.dataflow.leases import nodes_done
 from astraflow.dataflow.store import Tx
 from astraflow.protocol.status import DataflowStatus, NodeStatus, PolicyStatus
 
@@ -106,7 +106,7 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
         time=now,
         done=nodes_done(ctx, tx),
         training_done=state.training_done(tx, cfg, exhausted),
-        round=current_round(tx) if cfg.sync else None,
+        round=ctx.mode.round(tx),
         queue=queue,
         in_flight_leases=lease_counts.get("active", 0),
         expired_leases=lease_counts.get("expired", 0),
