@@ -1,5 +1,5 @@
-"""Entry-point discovery shared by every plugin group (``astraflow.tasks`` today; envs, workflows
-and dataflow policies can move onto it).
+"""Entry-point discovery shared by every plugin group (``astraflow.envs``, ``astraflow.tasks``,
+``astraflow.policies``, ``astraflow.workflows``), used by :class:`astraflow.registry.Registry`.
 
 Why a module of its own: each registry needs the same three things from ``importlib.metadata``:
 load every entry point of a group, say which distribution it came from, and keep a broken plugin

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from astraflow.engine_kinds import ENGINE_KINDS
 from cli.common import console, fail
 
 app = typer.Typer(help="Evaluate policies on benchmarks.", no_args_is_help=True)
@@ -29,7 +30,7 @@ def run(
     ),
     limit: int | None = typer.Option(None, "--limit", min=1, help="First N tasks of the split"),
     samples: int = typer.Option(1, "--samples", min=1, help="Attempts per task (pass@k, k<=K)"),
-    engine: str = typer.Option("transformers", "--engine", help="transformers | vllm | openai"),
+    engine: str = typer.Option("transformers", "--engine", help=" | ".join(ENGINE_KINDS)),
     device: str = typer.Option("auto", "--device", help="Engine device: auto | cpu | cuda[:N]"),
     engine_arg: list[str] = typer.Option([], "--engine-arg", help="KEY=VALUE for the engine"),
     max_tokens: int = typer.Option(256, "--max-tokens", min=1, help="New tokens per turn"),
@@ -171,7 +172,7 @@ def agentbench(
         "--policy",
         help="builtin:NAME, a Hugging Face id or local path, or a run directory (latest checkpoint)",
     ),
-    engine: str = typer.Option("transformers", "--engine", help="transformers | vllm | openai"),
+    engine: str = typer.Option("transformers", "--engine", help=" | ".join(ENGINE_KINDS)),
     tasks: str = typer.Option(
         "dbbench,os",
         "--tasks",

@@ -1,7 +1,7 @@
 """`astraflow sandbox build-image|list`: the code sandbox's Docker image and backend availability.
 
 The image is built locally (debootstrap + ``docker import``) because no container registry is
-reachable; see :mod:`envs.code.sandbox.image`.
+reachable; see :mod:`envs.sandbox.image`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def build_image_cmd(
     tag: str = typer.Option(None, help="Image tag (default: the one the docker backend uses)."),
 ) -> None:
     """Build the sandbox image (needs root, debootstrap and a Docker engine; ~2-3 min)."""
-    from envs.code.sandbox import IMAGE, SandboxError, build_image
+    from envs.sandbox import IMAGE, SandboxError, build_image
 
     try:
         with console.status("building the sandbox image (debootstrap + docker import) ..."):
@@ -46,7 +46,7 @@ def list_cmd() -> None:
     """Which sandbox backends work on this machine, and why not where they do not."""
     from rich.table import Table
 
-    from envs.code.sandbox import available_backends, select_backend
+    from envs.sandbox import available_backends, select_backend
 
     table = Table("backend", "usable", "isolation", "reason")
     isolation = {"docker": "container", "bwrap": "namespaces", "process": "NONE (rlimits only)"}

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import typer
 
+from astraflow.engine_kinds import CHECKPOINT_ENGINE_KINDS, ENGINE_KINDS
+
 app = typer.Typer(help="Run one AstraFlow service.", no_args_is_help=True)
 
 _CERT_HELP = "Serve HTTPS with this certificate chain (PEM; with --tls-key)"
@@ -212,8 +214,8 @@ def rollout(
     from cli.common import fail, load_recipe_or_exit
 
     _check_token(token, "rollout", (NODE, ADMIN))
-    if engine is not None and engine not in ("transformers", "vllm", "openai"):
-        fail(f"--engine must be transformers, vllm or openai, got {engine!r}")
+    if engine is not None and engine not in ENGINE_KINDS:
+        fail(f"--engine must be one of {', '.join(ENGINE_KINDS)}, got {engine!r}")
     spec = load_recipe_or_exit(recipe) if recipe else None
     _configure_logging(log_level, spec)
     ca = _ca_file(ca_file, spec)
@@ -350,7 +352,9 @@ def policy(
         help="builtin:NAME, a checkpoint directory, a run directory (its latest checkpoint) "
         "or a Hugging Face id",
     ),
-    engine: str = typer.Option("transformers", "--engine", help="transformers | vllm"),
+    engine: str = typer.Option(
+        "transformers", "--engine", help=" | ".join(CHECKPOINT_ENGINE_KINDS)
+    ),
     name: str = typer.Option(
         None, "--name", help="Model name clients pass as `model` (default: MODEL as given)"
     ),
@@ -380,8 +384,8 @@ def policy(
     from cli.common import console, fail
     from cli.eval import parse_engine_args
 
-    if engine not in ("transformers", "vllm"):
-        fail(f"--engine must be 'transformers' or 'vllm', got {engine!r}")
+    if engine not in CHECKPOINT_ENGINE_KINDS:
+        fail(f"--engine must be one of {', '.join(CHECKPOINT_ENGINE_KINDS)}, got {engine!r}")
     try:
         args = parse_engine_args(engine_arg)
     except ValueError as exc:

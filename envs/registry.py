@@ -7,15 +7,15 @@ its id, so ``gymnasium.make("acme/Maze-v0")`` works as soon as the plugin is ins
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import Any
 
 import gymnasium as gym
+
+from astraflow.plugins import LoadedEntryPoint
+from astraflow.registry import Registry, UnknownNameError, call_or_take, expect_type
 
 ENV_GROUP = "astraflow.envs"
 
@@ -40,42 +40,35 @@ class EnvSpec:
             ) from exc
 
 
-def close_ids(env_id: str, known: list[str], n: int = 3) -> list[str]:
-    """Known ids that look like ``env_id``: case-insensitive, with or without the namespace."""
-    by_lower = {k.lower(): k for k in known}
-    by_name = {k.lower().rpartition("/")[2]: k for k in known}
-    wanted = env_id.lower()
-    hits = difflib.get_close_matches(wanted, list(by_lower), n=n, cutoff=0.5)
-    close = [by_lower[h] for h in hits]
-    for h in difflib.get_close_matches(wanted.rpartition("/")[2], list(by_name), n=n, cutoff=0.6):
-        if by_name[h] not in close:
-            close.append(by_name[h])
-    return close[:n]
+def _accept_spec(obj: Any, ep: LoadedEntryPoint) -> EnvSpec:
+    """A plugin's spec, credited to the plugin's distribution unless it names its own source."""
+    expect_type(obj, EnvSpec)
+    if obj.source == "astraflow" and ep.dist != "astraflow":
+        obj = EnvSpec(**{**obj.__dict__, "source": ep.dist})
+    return obj
 
 
-class UnknownEnvError(KeyError):
-    def __str__(self) -> str:  # KeyError quotes its message; we want it plain
-        return str(self.args[0])
+class UnknownEnvError(UnknownNameError):
+    """An env id no spec is registered under (what ``astraflow envs show`` catches)."""
 
 
-class EnvRegistry:
-    """Specs by id, discovered from entry points on first use."""
+class EnvRegistry(Registry[EnvSpec]):
+    """Specs by id, discovered from entry points on first use, each registered with Gymnasium."""
 
     def __init__(self, group: str = ENV_GROUP):
-        self.group = group
-        self._specs: dict[str, EnvSpec] = {}
-        self._loaded = False
-        self.errors: dict[str, str] = {}
+        super().__init__(
+            "env id",
+            lambda spec: spec.id,
+            group=group,
+            unpack=lambda ep: call_or_take(ep, EnvSpec),
+            accept=_accept_spec,
+            origin=lambda spec: f"{spec.source} ({spec.entry_point})",
+            unknown_error=UnknownEnvError,
+        )
 
-    def add(self, spec: EnvSpec) -> None:
+    def register(self, spec: EnvSpec) -> EnvSpec:
         """Register ``spec`` here and with Gymnasium; an id taken by another spec is an error."""
-        known = self._specs.get(spec.id)
-        if known is not None and known != spec:
-            raise ValueError(
-                f"env id {spec.id!r} is registered twice: by {known.source} "
-                f"({known.entry_point}) and by {spec.source} ({spec.entry_point})"
-            )
-        self._specs[spec.id] = spec
+        super().register(spec)
         if spec.id not in gym.registry:
             gym.register(
                 id=spec.id,
@@ -83,47 +76,12 @@ class EnvRegistry:
                 kwargs=dict(spec.kwargs),
                 disable_env_checker=True,
             )
+        return spec
 
-    def discover(self) -> None:
-        if self._loaded:
-            return
-        self._loaded = True
-        for ep in entry_points(group=self.group):
-            try:
-                specs: Iterable[EnvSpec] = list(ep.load()() or [])
-            except Exception as exc:  # a broken plugin must not break the CLI
-                self.errors[ep.name] = f"{type(exc).__name__}: {exc}"
-                continue
-            for spec in specs:
-                try:
-                    if not isinstance(spec, EnvSpec):
-                        raise TypeError(f"expected EnvSpec objects, got {type(spec).__name__}")
-                    if (
-                        spec.source == "astraflow"
-                        and ep.dist is not None
-                        and ep.dist.name != "astraflow"
-                    ):
-                        spec = EnvSpec(**{**spec.__dict__, "source": ep.dist.name})
-                    self.add(spec)
-                except Exception as exc:  # one bad spec does not hide the plugin's others
-                    self.errors[f"{ep.name}:{getattr(spec, 'id', spec)}"] = (
-                        f"{type(exc).__name__}: {exc}"
-                    )
+    add = register
 
     def specs(self) -> list[EnvSpec]:
-        self.discover()
-        return sorted(self._specs.values(), key=lambda s: s.id)
-
-    def get(self, env_id: str) -> EnvSpec:
-        self.discover()
-        try:
-            return self._specs[env_id]
-        except KeyError:
-            close = close_ids(env_id, list(self._specs))
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise UnknownEnvError(
-                f"unknown env id {env_id!r}{hint} (`astraflow envs list` shows all {len(self._specs)})"
-            ) from None
+        return self.items()
 
     def make(self, env_id: str, **kwargs: Any):
         """An instance of ``env_id``; unknown kwargs are named along with the accepted ones."""

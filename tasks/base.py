@@ -7,10 +7,12 @@ accepts, each with a stable ``id``. Loaders are registered by name so recipes ca
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from astraflow.plugins import LoadedEntryPoint
+from astraflow.registry import Registry, UnknownNameError, call_or_take, expect_type
 
 Payload = dict[str, Any]
 Loader = Callable[..., list[Payload]]
@@ -29,42 +31,42 @@ class TaskSetInfo:
     source: str = "astraflow"
 
 
-class UnknownTaskSetError(KeyError):
-    def __str__(self) -> str:
-        return str(self.args[0])
+def _accept_info(obj: Any, ep: LoadedEntryPoint) -> TaskSetInfo:
+    """A plugin's set, credited to the plugin's distribution unless it names its own source."""
+    expect_type(obj, TaskSetInfo)
+    if obj.source == "astraflow":
+        obj = TaskSetInfo(**{**obj.__dict__, "source": ep.dist})
+    return obj
 
 
-class TaskSetRegistry:
+class UnknownTaskSetError(UnknownNameError):
+    """A task-set name nothing is registered under (what ``astraflow tasks show`` catches)."""
+
+
+class TaskSetRegistry(Registry[TaskSetInfo]):
+    """Task sets by name. Holds only what is added: :func:`tasks.catalog.default_task_sets` adds
+    the built-ins and the ``astraflow.tasks`` plugins (:func:`tasks.catalog.add_plugins`)."""
+
     def __init__(self) -> None:
-        self._sets: dict[str, TaskSetInfo] = {}
-        #: Plugins that failed to load or register, by entry-point name (shown by the CLI).
-        self.errors: dict[str, str] = {}
+        super().__init__(
+            "task set",
+            lambda info: info.name,
+            unpack=lambda ep: call_or_take(ep, TaskSetInfo),
+            accept=_accept_info,
+            origin=lambda info: info.source,
+            unknown_error=UnknownTaskSetError,
+        )
 
     def add(self, info: TaskSetInfo) -> None:
-        """Register ``info``; a name taken by another source is an error (a plugin cannot
-        silently replace a built-in set or another plugin's)."""
-        known = self._sets.get(info.name)
-        if known is not None and known.source != info.source:
-            raise ValueError(
-                f"task set {info.name!r} is registered twice: by {known.source} and by {info.source}"
-            )
-        self._sets[info.name] = info
+        """Register ``info``; a name taken by another set is an error (a plugin cannot silently
+        replace a built-in set or another plugin's)."""
+        self.register(info)
 
     def infos(self) -> list[TaskSetInfo]:
-        return [self._sets[n] for n in self.names()]
-
-    def names(self) -> list[str]:
-        return sorted(self._sets)
+        return self.items()
 
     def info(self, name: str) -> TaskSetInfo:
-        try:
-            return self._sets[name]
-        except KeyError:
-            close = difflib.get_close_matches(name, list(self._sets), n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise UnknownTaskSetError(
-                f"unknown task set {name!r}{hint} (known: {', '.join(self.names())})"
-            ) from None
+        return self.get(name)
 
     def load(
         self,

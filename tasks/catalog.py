@@ -54,24 +54,7 @@ def default_task_sets(*, plugins: bool = True) -> TaskSetRegistry:
 
 def add_plugins(reg: TaskSetRegistry, group: str = TASKS_GROUP) -> None:
     """Register the task sets of every ``group`` entry point; failures land in ``reg.errors``."""
-    from astraflow.plugins import discover, plugin_error
-
-    found = discover(group)
-    reg.errors.update(found.errors)
-    for ep in found.loaded:
-        try:
-            obj = ep.obj if isinstance(ep.obj, TaskSetInfo) else ep.obj()
-            infos = [obj] if isinstance(obj, TaskSetInfo) else list(obj or [])
-            for info in infos:
-                if not isinstance(info, TaskSetInfo):
-                    raise TypeError(
-                        f"expected TaskSetInfo objects (tasks.base), got {type(info).__name__}"
-                    )
-                if info.source == "astraflow":
-                    info = TaskSetInfo(**{**info.__dict__, "source": ep.dist})
-                reg.add(info)
-        except Exception as exc:  # one bad plugin does not hide the others
-            reg.errors[ep.name] = plugin_error(group, ep.name, ep.value, exc)
+    reg.add_entry_points(group)
 
 
 def builtin_task_sets() -> TaskSetRegistry:

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from astraflow.engine_kinds import EngineKind
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -164,7 +166,7 @@ class PolicyConfig(Section):
     model: str = Field(
         description="builtin:NAME, a Hugging Face model id or a local path", min_length=1
     )
-    engine: Literal["transformers", "vllm", "openai"] = "transformers"
+    engine: EngineKind = "transformers"
     trainable: bool = True
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Engine-specific settings (e.g. vllm python, base_url)"

@@ -123,6 +123,8 @@ async def _run(opts: NodeOptions, recipe: Recipe | None) -> int:
         policies = build_policies(recipe, opts)
         workflows = default_workflows()
         envs = default_registry()
+        for error in [*workflows.errors.values(), *envs.errors.values()]:
+            log.warning("plugin not loaded: %s", error)  # the run goes on without it
 
         def make_env(env_id: str, kwargs: dict[str, Any]):
             return envs.make(env_id, **{**recipe.tasks.env_kwargs, **kwargs})

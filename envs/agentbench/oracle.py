@@ -14,6 +14,7 @@ replies travel the same path a policy's tokens do.
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 FAMILIES = ("dbbench", "os", "alfworld")
@@ -66,13 +67,9 @@ class OracleEpisode:
         if self.turn == 1:
             language, code = solution
             if language == "python":
-                code = "python3 -c " + _sh_quote(code)
+                code = "python3 -c " + shlex.quote(code)
             return f"Think: Run the reference script.\n\nAct: bash\n\n```bash\n{code}\n```"
         if p.get("check") and any(step is None for step in p["check"]):
             output = observation[len(_OS_OUTPUT) :] if observation.startswith(_OS_OUTPUT) else ""
             return f"Think: The output is the answer.\n\nAct: answer({output.strip()})"
         return "Think: The job is done.\n\nAct: finish"
-
-
-def _sh_quote(s: str) -> str:
-    return "'" + s.replace("'", "'\"'\"'") + "'"

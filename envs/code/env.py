@@ -107,11 +107,11 @@ class CodeEnv(TextEnv):
         if self._closed:
             # A step still running when the env was closed (a rollout node kills an env call that
             # ran past rollout.env_timeout_s) must not start a fresh sandbox behind the kill.
-            from envs.code.sandbox import SandboxError
+            from envs.sandbox import SandboxError
 
             raise SandboxError(f"{type(self).__name__} was closed; reset it to use it again")
         if self._sandbox is None:
-            from envs.code.sandbox import select_backend
+            from envs.sandbox import select_backend
 
             choice = self.sandbox_choice
             self._sandbox = select_backend(None if choice in (None, "auto") else choice)
@@ -163,7 +163,7 @@ class CodeEnv(TextEnv):
 
     def evaluate(self, action: str) -> dict[str, Any]:
         """Run the reply's code against the task's tests; the info dict of one attempt."""
-        from envs.code.sandbox import Limits
+        from envs.sandbox import Limits
 
         code = extract_code(action)
         if code is None and self.fence == "optional" and action.strip():

@@ -583,7 +583,7 @@ def sandbox_unavailable() -> str | None:
     if shutil.which("bwrap") is None:
         return "bubblewrap (bwrap) is not installed (apt-get install bubblewrap; .ci/run does)"
     try:
-        from envs.code.sandbox import select_backend
+        from envs.sandbox import select_backend
 
         box = select_backend("bwrap")
         try:

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from envs.code.sandbox import ENV_VAR, Limits, SandboxError, make_backend, select_backend
-from envs.code.sandbox.base import prepare_files
+from envs.sandbox import ENV_VAR, Limits, SandboxError, make_backend, select_backend
+from envs.sandbox.base import prepare_files
 
 BACKENDS = ["docker", "bwrap", "process"]
 

@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from envs.code.sandbox import Limits, SandboxError, make_backend
+from envs.sandbox import Limits, SandboxError, make_backend
 
 #: "-rlimits": the local backends without the pids cgroup, as on hosts that do not allow one.
 BACKENDS = ["docker", "bwrap", "process", "bwrap-rlimits", "process-rlimits"]
@@ -25,13 +25,13 @@ NOT_ISOLATED = "the process backend is documented as NOT isolation (shares netwo
 
 def _make(name: str):
     if name == "bwrap-rlimits":
-        from envs.code.sandbox.bwrap import BwrapSandbox
+        from envs.sandbox.bwrap import BwrapSandbox
 
         backend = BwrapSandbox(use_cgroup=False)
         backend.probe()
         return backend
     if name == "process-rlimits":
-        from envs.code.sandbox.process import ProcessSandbox
+        from envs.sandbox.process import ProcessSandbox
 
         return ProcessSandbox(use_cgroup=False)
     return make_backend(name)
@@ -76,7 +76,7 @@ def assert_nothing_left(box, token: str, started: float) -> None:
         time.sleep(0.1)
     assert not left, f"processes left running after the run: {left}"
     if box.name == "docker":
-        from envs.code.sandbox.docker import LABEL
+        from envs.sandbox.docker import LABEL
 
         containers = box.client.containers.list(all=True, filters={"label": LABEL})
         assert not containers, f"containers left behind: {[c.short_id for c in containers]}"

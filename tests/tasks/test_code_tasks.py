@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from envs.code.env import CodeEnv
-from envs.code.sandbox import SandboxError, make_backend
+from envs.sandbox import SandboxError, make_backend
 from tasks.code import MBPP_SPLITS, humaneval, mbpp, normalize_body
 
 FIELDS = {"id", "prompt", "entry_point", "tests", "canonical_solution"}

@@ -7,10 +7,8 @@ then name them in ``[[dataflow.policies]]`` exactly like the built-ins.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import Any
 
 from astraflow.dataflow.policies.base import (
@@ -28,6 +26,8 @@ from astraflow.dataflow.policies.base import (
 )
 from astraflow.dataflow.policies.replay import GroupReplay
 from astraflow.dataflow.policies.selection import FifoOrder
+from astraflow.plugins import LoadedEntryPoint
+from astraflow.registry import Registry
 
 POLICY_GROUP = "astraflow.policies"
 
@@ -58,46 +58,31 @@ def builtin_policies() -> list[type[DataflowPolicy]]:
     ]
 
 
-class PolicyRegistry:
+def _accept_policy(obj: Any, _ep: LoadedEntryPoint) -> type[DataflowPolicy]:
+    if not (isinstance(obj, type) and issubclass(obj, DataflowPolicy)):
+        raise TypeError(f"expected DataflowPolicy subclasses, got {obj!r}")
+    return obj
+
+
+class PolicyRegistry(Registry[type[DataflowPolicy]]):
+    """Policy classes by ``name``: the built-ins, then the ``astraflow.policies`` plugins (the
+    built-ins are also published there; registering the same class twice is a no-op)."""
+
     def __init__(self, group: str = POLICY_GROUP) -> None:
-        self.group = group
-        self._classes: dict[str, type[DataflowPolicy]] = {}
-        self.errors: dict[str, str] = {}
-        self._loaded = False
+        super().__init__(
+            "dataflow policy",
+            lambda cls: cls.name,
+            group=group,
+            builtins=builtin_policies,
+            accept=_accept_policy,
+            origin=lambda cls: f"{cls.__module__}.{cls.__qualname__}",
+            unknown_error=PolicyConfigError,
+        )
 
     def add(self, cls: type[DataflowPolicy]) -> None:
         if not cls.name:
             raise PolicyConfigError(f"{cls.__name__} has no name")
-        self._classes[cls.name] = cls
-
-    def discover(self) -> None:
-        if self._loaded:
-            return
-        self._loaded = True
-        for cls in builtin_policies():
-            self.add(cls)
-        for ep in entry_points(group=self.group):
-            try:
-                classes: Iterable[type[DataflowPolicy]] = ep.load()() or []
-                for cls in classes:
-                    self.add(cls)
-            except Exception as exc:  # a broken plugin must not break the service
-                self.errors[ep.name] = f"{type(exc).__name__}: {exc}"
-
-    def names(self) -> list[str]:
-        self.discover()
-        return sorted(self._classes)
-
-    def get(self, name: str) -> type[DataflowPolicy]:
-        self.discover()
-        try:
-            return self._classes[name]
-        except KeyError:
-            close = difflib.get_close_matches(name, list(self._classes), n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise PolicyConfigError(
-                f"unknown dataflow policy {name!r}{hint} (known: {', '.join(self.names())})"
-            ) from None
+        self.register(cls)
 
     def build(self, name: str, kwargs: dict[str, Any]) -> DataflowPolicy:
         cls = self.get(name)

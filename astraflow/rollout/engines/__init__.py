@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from astraflow.engine_kinds import ENGINE_KINDS
 from astraflow.rollout.engines.base import Engine, Generation, SamplingParams, WeightUpdate
-
-ENGINE_KINDS = ("transformers", "vllm", "openai")
 
 
 def make_engine(kind: str, model: str, **engine_args: Any) -> Engine:

@@ -6,9 +6,10 @@ its roles read from a ``roles`` attribute) or a :class:`WorkflowSpec`.
 
 from __future__ import annotations
 
-import difflib
-from importlib.metadata import entry_points
+from typing import Any
 
+from astraflow.plugins import LoadedEntryPoint
+from astraflow.registry import Registry
 from astraflow.rollout.workflows.base import WorkflowError, WorkflowSpec
 
 GROUP = "astraflow.workflows"
@@ -30,53 +31,46 @@ def _builtin_specs() -> list[WorkflowSpec]:
     return specs + list(multi_agent.SPECS) + [openai_agent.spec()]
 
 
-class WorkflowRegistry:
-    def __init__(self) -> None:
-        self._specs: dict[str, WorkflowSpec] = {}
-        self.errors: dict[str, str] = {}
+def _accept_workflow(obj: Any, ep: LoadedEntryPoint) -> WorkflowSpec:
+    """A :class:`WorkflowSpec` as is; a workflow function as a spec named after its entry point."""
+    if isinstance(obj, WorkflowSpec):
+        return obj
+    if not callable(obj):
+        raise TypeError(f"expected a WorkflowSpec or a workflow function, got {obj!r}")
+    roles = tuple(getattr(obj, "roles", ("agent",)))
+    summary = (obj.__doc__ or "").strip().split("\n")[0]
+    return WorkflowSpec(ep.name, obj, roles, summary, ep.dist)
+
+
+class WorkflowRegistry(Registry[WorkflowSpec]):
+    """Workflow specs by name: the built-ins, then the ``astraflow.workflows`` plugins."""
+
+    def __init__(self, group: str = GROUP) -> None:
+        super().__init__(
+            "workflow",
+            lambda spec: spec.name,
+            group=group,
+            builtins=_builtin_specs,
+            unpack=lambda ep: [ep.obj],
+            accept=_accept_workflow,
+            origin=lambda spec: spec.source,
+            unknown_error=WorkflowError,
+        )
 
     def add(self, spec: WorkflowSpec) -> None:
-        self._specs[spec.name] = spec
+        """Put ``spec`` under its name, over any spec already there (a test's wrapped built-in);
+        plugins go through :meth:`register`, which refuses a taken name."""
+        self.replace(spec)
 
-    def discover(self) -> WorkflowRegistry:
-        for spec in _builtin_specs():
-            self.add(spec)
-        for ep in entry_points(group=GROUP):
-            try:
-                obj = ep.load()
-                if isinstance(obj, WorkflowSpec):
-                    self.add(obj)
-                else:
-                    roles = tuple(getattr(obj, "roles", ("agent",)))
-                    src = ep.dist.name if ep.dist is not None else "plugin"
-                    self.add(
-                        WorkflowSpec(
-                            ep.name, obj, roles, (obj.__doc__ or "").strip().split("\n")[0], src
-                        )
-                    )
-            except Exception as exc:  # a broken plugin must not take the node down
-                self.errors[ep.name] = f"{type(exc).__name__}: {exc}"
-        return self
-
-    def get(self, name: str) -> WorkflowSpec:
-        try:
-            return self._specs[name]
-        except KeyError:
-            close = difflib.get_close_matches(name, list(self._specs), n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise WorkflowError(
-                f"unknown workflow {name!r}{hint} (known: {', '.join(sorted(self._specs))})"
-            ) from None
+    def specs(self) -> list[WorkflowSpec]:
+        return self.items()
 
     async def aclose(self) -> None:
         """Release what workflow objects hold (the ``openai_agent`` endpoint of a node)."""
-        for spec in self._specs.values():
+        for spec in self.items():
             close = getattr(spec.fn, "aclose", None)
             if close is not None:
                 await close()
-
-    def specs(self) -> list[WorkflowSpec]:
-        return sorted(self._specs.values(), key=lambda s: s.name)
 
 
 def default_workflows() -> WorkflowRegistry:

@@ -15,6 +15,12 @@ Each task gets a fresh system that its init scripts may change freely (they writ
   (``os_interaction/res/dockerfiles``), without network.
 
 Both run :mod:`envs.agentbench.os.supervisor` inside the system, so the shell protocol is identical.
+
+Built on the shared sandbox package (:mod:`envs.sandbox`, also the code env's): one
+:class:`~envs.sandbox.base.SandboxError` for both, and the bwrap arguments of the host's top-level
+directories from :func:`envs.sandbox.bwrap.top_level_binds`. The runs differ in kind — a code run is
+one process to completion, an OS task a long-lived system driven command by command — so the
+backends themselves stay separate classes.
 """
 
 from __future__ import annotations
@@ -23,12 +29,16 @@ import base64
 import functools
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from envs.sandbox.base import SandboxError
+from envs.sandbox.bwrap import top_level_binds
 
 SUPERVISOR_SOURCE = (Path(__file__).with_name("supervisor.py")).read_text(encoding="utf-8")
 
@@ -62,10 +72,6 @@ DOCKER_CAPS = (
     "CAP_KILL",
     "CAP_AUDIT_WRITE",
 )
-
-
-class SandboxError(RuntimeError):
-    """The sandbox could not be created or stopped answering."""
 
 
 @dataclass
@@ -208,16 +214,7 @@ class OverlaySandbox(Sandbox):
     def __init__(self, tmpfs_size: str = "2g", python: str = "/usr/bin/python3") -> None:
         super().__init__()
         self._dir = tempfile.mkdtemp(prefix="astraflow-os-")
-        top = set(os.listdir("/"))
-        binds: list[str] = []
-        for name in SYSTEM_DIRS:
-            if name not in top:
-                continue
-            host = Path("/") / name
-            if host.is_symlink():
-                binds += ["--symlink", os.readlink(host), f"/{name}"]
-            else:
-                binds += ["--bind", f"$W/root/{name}", f"/{name}"]
+        binds = top_level_binds(SYSTEM_DIRS, lambda path: ["--bind", f"$W/root{path}", path])
         for name in EMPTY_DIRS:
             binds += ["--tmpfs", f"/{name}"]
         caps: list[str] = ["--cap-drop", "ALL"]
@@ -256,7 +253,7 @@ class OverlaySandbox(Sandbox):
         ]
         # The shell script only mounts and execs; "$W" is quoted, every other word is literal.
         quoted = " ".join(
-            '"$W' + a[2:] + '"' if a.startswith("$W") else _sh_quote(a) for a in bwrap
+            '"$W' + a[2:] + '"' if a.startswith("$W") else shlex.quote(a) for a in bwrap
         )
         script = (
             "set -e\n"
@@ -284,10 +281,6 @@ class OverlaySandbox(Sandbox):
         d, self._dir = getattr(self, "_dir", None), None
         if d:
             shutil.rmtree(d, ignore_errors=True)
-
-
-def _sh_quote(s: str) -> str:
-    return "'" + s.replace("'", "'\"'\"'") + "'"
 
 
 class DockerSandbox(Sandbox):

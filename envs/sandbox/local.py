@@ -19,8 +19,8 @@ from pathlib import Path
 
 import psutil
 
-from envs.code.sandbox.base import CappedReader, Limits, RunResult, feed_stdin
-from envs.code.sandbox.cgroup import PidsCgroup
+from envs.sandbox.base import CappedReader, Limits, RunResult, feed_stdin
+from envs.sandbox.cgroup import PidsCgroup
 
 MIB = 1024 * 1024
 NOBODY = (65534, 65534)

@@ -18,16 +18,15 @@ import threading
 import time
 from collections.abc import Mapping
 
-from envs.code.sandbox.base import (
+from envs.sandbox.base import (
     SANDBOX_WORKDIR,
     Limits,
     RunResult,
     Sandbox,
     SandboxError,
-    prepare_files,
-    to_bytes,
+    prepare_run,
 )
-from envs.code.sandbox.image import IMAGE, docker_client, image_exists
+from envs.sandbox.image import IMAGE, docker_client, image_exists
 
 LABEL = "astraflow.sandbox"
 #: Seconds to wait for an engine to answer a ping (selection must stay fast when none runs).
@@ -110,14 +109,13 @@ class DockerSandbox(Sandbox):
         import docker.errors
         from docker.types import Ulimit
 
-        limits = limits or Limits()
-        payload = prepare_files(program, files)
-        argv = list(command or ["python3", "main.py"])
+        req = prepare_run(program, files, command, stdin, limits)
+        limits = req.limits
         environment = {
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONIOENCODING": "utf-8",
             "HOME": SANDBOX_WORKDIR,
-            **_payload_env(payload, to_bytes(stdin), argv),
+            **_payload_env(req.files, req.stdin, req.argv),
         }
         fsize = limits.file_size_mb * 1024 * 1024
         work_mb = max(limits.file_size_mb * 4, 16)

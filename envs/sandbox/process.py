@@ -3,7 +3,7 @@
 NOT ISOLATION. The program shares the host's filesystem view and network; it only gets rlimits, a
 private temp work dir, a pids cgroup when the host allows one, and (when we run as root) the
 ``nobody`` uid so it cannot read root-only files. Use it only where neither Docker nor bubblewrap
-exists; :func:`envs.code.sandbox.select.select_backend` warns loudly when it falls back to it.
+exists; :func:`envs.sandbox.select.select_backend` warns loudly when it falls back to it.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import sys
 import tempfile
 from collections.abc import Mapping
 
-from envs.code.sandbox.base import Limits, RunResult, Sandbox, prepare_files, to_bytes
-from envs.code.sandbox.local import NOBODY, populate_workdir, run_local
+from envs.sandbox.base import Limits, RunResult, Sandbox, prepare_run
+from envs.sandbox.local import NOBODY, populate_workdir, run_local
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -47,16 +47,12 @@ class ProcessSandbox(Sandbox):
         stdin: str | bytes = b"",
         limits: Limits | None = None,
     ) -> RunResult:
-        limits = limits or Limits()
-        payload = prepare_files(program, files)
-        argv = list(command or ["python3", "main.py"])
-        if argv[0] in ("python3", "python"):
-            argv[0] = self.python
+        req = prepare_run(program, files, command, stdin, limits, python=self.python)
         workdir = tempfile.mkdtemp(prefix="astraflow-sbx-")
         abort = self.begin_run()
         user = NOBODY if self.drop_to_nobody else None
         try:
-            populate_workdir(workdir, payload, user)
+            populate_workdir(workdir, req.files, user)
             env = {
                 "PATH": SAFE_PATH,
                 "HOME": workdir,
@@ -66,11 +62,11 @@ class ProcessSandbox(Sandbox):
                 "PYTHONIOENCODING": "utf-8",
             }
             result = run_local(
-                argv,
+                req.argv,
                 cwd=workdir,
                 env=env,
-                stdin=to_bytes(stdin),
-                limits=limits,
+                stdin=req.stdin,
+                limits=req.limits,
                 backend=self.name,
                 use_cgroup=self.use_cgroup,
                 user=user,

@@ -14,18 +14,17 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
-from envs.code.sandbox.base import (
+from envs.sandbox.base import (
     SANDBOX_WORKDIR,
     Limits,
     RunResult,
     Sandbox,
     SandboxError,
-    prepare_files,
-    to_bytes,
+    prepare_run,
 )
-from envs.code.sandbox.local import NOBODY, populate_workdir, run_local
+from envs.sandbox.local import NOBODY, populate_workdir, run_local
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 ETC_FILES = (
@@ -37,15 +36,29 @@ ETC_FILES = (
 )
 
 
+#: Top-level directories that are symlinks into /usr on merged-/usr systems, directories otherwise.
+ROOT_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+
+
+def top_level_binds(names: Iterable[str], bind: Callable[[str], list[str]]) -> list[str]:
+    """bwrap arguments recreating the host's top-level ``names`` in a sandbox root: a symlink
+    stays the same symlink, a directory gets ``bind("/name")``, a missing name is left out.
+
+    Shared with the AgentBench OS sandbox (:mod:`envs.agentbench.os.sandbox`), which binds the
+    directories from a writable overlay instead of read-only from the host."""
+    args: list[str] = []
+    for name in names:
+        path = "/" + name.strip("/")
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += bind(path)
+    return args
+
+
 def _root_links() -> list[str]:
     """Binds for /bin, /lib, /lib64, /sbin: symlinks on merged-/usr systems, dirs otherwise."""
-    args: list[str] = []
-    for name in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        if os.path.islink(name):
-            args += ["--symlink", os.readlink(name), name]
-        elif os.path.isdir(name):
-            args += ["--ro-bind", name, name]
-    return args
+    return top_level_binds(ROOT_LINKS, lambda path: ["--ro-bind", path, path])
 
 
 class BwrapSandbox(Sandbox):
@@ -139,23 +152,19 @@ class BwrapSandbox(Sandbox):
         stdin: str | bytes = b"",
         limits: Limits | None = None,
     ) -> RunResult:
-        limits = limits or Limits()
-        payload = prepare_files(program, files)
-        argv = list(command or ["python3", "main.py"])
-        if argv[0] in ("python3", "python"):
-            argv[0] = self.python
+        req = prepare_run(program, files, command, stdin, limits, python=self.python)
         workdir = tempfile.mkdtemp(prefix="astraflow-bwrap-")
         abort = self.begin_run()
         user = NOBODY if self.drop_to_nobody else None
         try:
-            populate_workdir(workdir, payload, user)
+            populate_workdir(workdir, req.files, user)
             try:
                 result = run_local(
-                    self.argv(workdir, argv),
+                    self.argv(workdir, req.argv),
                     cwd="/",
                     env={"PATH": SANDBOX_PATH},
-                    stdin=to_bytes(stdin),
-                    limits=limits,
+                    stdin=req.stdin,
+                    limits=req.limits,
                     backend=self.name,
                     use_cgroup=self.use_cgroup,
                     user=user,

@@ -184,6 +184,34 @@ def prepare_files(program: str | None, files: Mapping[str, str | bytes] | None) 
     return out
 
 
+@dataclass(frozen=True)
+class RunRequest:
+    """One run as every backend receives it: limits, files (``main.py`` included), argv, stdin."""
+
+    limits: Limits
+    files: dict[str, bytes]
+    argv: list[str]
+    stdin: bytes
+
+
+def prepare_run(
+    program: str | None,
+    files: Mapping[str, str | bytes] | None,
+    command: list[str] | None,
+    stdin: str | bytes,
+    limits: Limits | None,
+    python: str | None = None,
+) -> RunRequest:
+    """The arguments of :meth:`Sandbox.run` checked and defaulted, the same way for every backend:
+    default limits, the files as bytes, ``python3 main.py`` when no command is given and, with
+    ``python``, a leading ``python3``/``python`` replaced by that interpreter (the local backends
+    must not run a python from a home directory the sandbox user cannot read)."""
+    argv = list(command or ["python3", "main.py"])
+    if python is not None and argv[0] in ("python3", "python"):
+        argv[0] = python
+    return RunRequest(limits or Limits(), prepare_files(program, files), argv, to_bytes(stdin))
+
+
 def to_bytes(data: str | bytes) -> bytes:
     return data.encode() if isinstance(data, str) else bytes(data)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import os
 
-from envs.code.sandbox.base import Sandbox, SandboxError
-from envs.code.sandbox.image import IMAGE
+from envs.sandbox.base import Sandbox, SandboxError
+from envs.sandbox.image import IMAGE
 
 ENV_VAR = "ASTRAFLOW_SANDBOX"
 CHOICES = ("auto", "docker", "bwrap", "process")
@@ -29,17 +29,17 @@ PROCESS_WARNING = (
 def make_backend(name: str, *, image: str = IMAGE) -> Sandbox:
     """Construct one named backend; raises :class:`SandboxError` when it cannot run here."""
     if name == "docker":
-        from envs.code.sandbox.docker import DockerSandbox
+        from envs.sandbox.docker import DockerSandbox
 
         return DockerSandbox(image=image)
     if name == "bwrap":
-        from envs.code.sandbox.bwrap import BwrapSandbox
+        from envs.sandbox.bwrap import BwrapSandbox
 
         box = BwrapSandbox()
         box.probe()
         return box
     if name == "process":
-        from envs.code.sandbox.process import ProcessSandbox
+        from envs.sandbox.process import ProcessSandbox
 
         return ProcessSandbox()
     raise ValueError(f"unknown sandbox backend {name!r}; expected one of {', '.join(CHOICES)}")

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from envs.code.sandbox.base import SandboxError
+from envs.sandbox.base import SandboxError
 
 IMAGE = "astraflow/sandbox-python:bookworm-1"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
