@@ -63,7 +63,7 @@ max_steps = {steps}
 model = "builtin:tiny-arith"
 engine = "transformers"
 sampling = {{ temperature = 1.0, max_tokens = 12 }}
-trainer = {{ loss_type = "{loss_type}", learning_rate = 2e-4, groups_per_step = 16{trainer} }}
+trainer = {{ loss_type = "{loss_type}", learning_rate = {lr}, groups_per_step = 16{trainer} }}
 
 [tasks]
 env = "astraflow/Math-v0"
@@ -123,11 +123,14 @@ QUICK_SYSTEMS = ["baseline", "replay"]
 WASTE = ("zero_variance", "stale")
 
 
-def recipe_text(system: str, *, steps: int, every: int, num_eval: int, limit: int) -> str:
+def recipe_text(
+    system: str, *, steps: int, every: int, num_eval: int, limit: int, lr: float = 2e-4
+) -> str:
     spec = SYSTEMS[system]
     deadlines = spec.get("deadlines", {})
     return BASE.format(
         steps=steps,
+        lr=lr,
         every=every,
         num_eval=num_eval,
         limit=limit,
@@ -349,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2; quick 0)")
     ap.add_argument("--systems", default=None, help=f"subset of {', '.join(SYSTEMS)}")
     ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--lr", type=float, default=2e-4, help="every system's learning rate")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the runs here")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     args = ap.parse_args(argv)
@@ -372,7 +376,9 @@ def main(argv: list[str] | None = None) -> int:
             for s in systems:  # interleaved: machine load drifts hit every system alike
                 recipe = work / f"{s.replace('+', '_')}.toml"
                 recipe.write_text(
-                    recipe_text(s, steps=steps, every=every, num_eval=num_eval, limit=limit)
+                    recipe_text(
+                        s, steps=steps, every=every, num_eval=num_eval, limit=limit, lr=args.lr
+                    )
                 )
                 runs.append(
                     run_logged(
