@@ -146,7 +146,9 @@ class _Watchdog:
         self._armed = True
         self._lock = threading.Lock()
         self._exited = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="math-verify-watchdog", daemon=True)
+        self._thread = threading.Thread(
+            target=self._watch, name="math-verify-watchdog", daemon=True
+        )
 
     def _watch(self) -> None:
         wait = self.seconds
