@@ -143,14 +143,16 @@ def dataflow(
     spec = load_recipe_or_exit(recipe, overrides)
     log_level = _configure_logging(log_level, spec)
     tls = _server_tls(tls_cert, tls_key, spec, "the dataflow service")
-    from astraflow.dataflow.app import create_app
+    from astraflow.dataflow.main import DataflowOptions, build_app, run_dataflow
     from astraflow.dataflow.policies import PolicyConfigError
-    from astraflow.dataflow.server import run
 
     host = host or spec.dataflow.host
     port = spec.dataflow.port if port is None else port
+    opts = DataflowOptions(recipe=spec, token=token, host=host, port=port, store=store,
+                           port_file=port_file, synchronous=synchronous.upper(),
+                           log_level=log_level, tls=tls)  # fmt: skip
     try:
-        app_ = create_app(spec, store, token, synchronous=synchronous.upper())
+        app_ = build_app(opts)
     except (PolicyConfigError, ValueError, KeyError) as exc:
         fail(f"{recipe}: {exc}")
     console.print(
@@ -159,7 +161,7 @@ def dataflow(
         f"{port or '(free port)'}",
         highlight=False,
     )
-    run(app_, host, port, port_file, log_level, tls)
+    run_dataflow(opts, app_)
 
 
 @app.command()
@@ -220,7 +222,7 @@ def rollout(
     _configure_logging(log_level, spec)
     ca = _ca_file(ca_file, spec)
     from astraflow.protocol.client import AuthError, ServiceUnreachable, TLSError
-    from astraflow.rollout.service import NodeOptions, run_node
+    from astraflow.rollout.main import NodeOptions, run_node
 
     opts = NodeOptions(join=join, token=token, policies=policies, engine=engine,
                        concurrency=concurrency, device=device, name=name, replace=replace,
@@ -228,9 +230,9 @@ def rollout(
                        torch_threads=threads, drain_timeout_s=drain_timeout,
                        env_workers=env_workers, env_timeout_s=env_timeout,
                        ca_file=str(ca) if ca else None,
-                       weight_cache=weight_cache)  # fmt: skip
+                       weight_cache=weight_cache, recipe=spec)  # fmt: skip
     try:
-        code = run_node(opts, spec)
+        code = run_node(opts)
     except AuthError:
         fail(f"the dataflow service at {join} rejected the run token (wrong --token?)")
     except ServiceUnreachable as exc:
@@ -285,12 +287,14 @@ def trainer(
     if weights_host is None:
         weights_host = _default_weights_host(spec.dataflow.host)
     from astraflow.protocol.client import DataflowClientError
-    from astraflow.trainer.wiring import serve_trainer
+    from astraflow.trainer.main import TrainerOptions, run_trainer
 
+    opts = TrainerOptions(recipe=spec, policy=policy, join=join, token=token,
+                          run_dir=run_dir or spec.run.run_dir, resume=resume,
+                          weights_host=weights_host, weights_port=weights_port, tls=tls,
+                          ca_file=str(ca) if ca else None)  # fmt: skip
     try:
-        serve_trainer(spec, policy, join, token, run_dir or spec.run.run_dir, resume=resume,
-                      weights_host=weights_host, weights_port=weights_port, tls=tls,
-                      ca_file=str(ca) if ca else None)  # fmt: skip
+        run_trainer(opts)
     except (ValueError, DataflowClientError) as exc:
         fail(str(exc))
 
@@ -327,7 +331,7 @@ def weight_cache(
         level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    from astraflow.dataflow.server import run
+    from astraflow.protocol.http_server import run
     from astraflow.weights.cache import WeightCache, create_cache_app, parse_upstreams
 
     try:
@@ -392,7 +396,7 @@ def policy(
         fail(str(exc))
     generated = not api_key
     api_key = api_key or secrets.token_urlsafe(24)
-    from astraflow.dataflow.server import serve, url_for
+    from astraflow.protocol.http_server import serve, url_for
     from astraflow.rollout.engines.openai_server import create_app
     from astraflow.rollout.policy_server import PolicyServerOptions, build_engine
 

@@ -52,3 +52,34 @@ def test_launchers_and_cli_reach_services_only_through_the_typed_client():
         if name == "httpx" or name.startswith("httpx.")
     ]
     assert bad == []
+
+
+def test_each_component_has_one_process_entry_shaped_alike():
+    """``astraflow/{dataflow,rollout,trainer}/main.py`` each define an options dataclass and a
+    ``run_*`` function (docs/architecture.md, "Components"); the CLI calls nothing else to start
+    a component's process. Why a test: the entries were once named three ways (``server.py``,
+    ``service.py``, ``wiring.py``)."""
+    shapes = {}
+    for component in ("dataflow", "rollout", "trainer"):
+        tree = ast.parse((REPO / "astraflow" / component / "main.py").read_text(encoding="utf-8"))
+        options = [
+            n.name
+            for n in tree.body
+            if isinstance(n, ast.ClassDef)
+            and n.name.endswith("Options")
+            and any(getattr(d, "id", None) == "dataclass" for d in n.decorator_list)
+        ]
+        runs = [
+            n.name
+            for n in tree.body
+            if isinstance(n, ast.FunctionDef)
+            and n.name.startswith("run_")
+            and n.args.args
+            and n.args.args[0].annotation is not None
+            and ast.unparse(n.args.args[0].annotation) in options
+        ]
+        shapes[component] = (len(options), len(runs))
+    assert shapes == {c: (1, 1) for c in ("dataflow", "rollout", "trainer")}
+    serve = (REPO / "cli" / "serve.py").read_text(encoding="utf-8")
+    for old in ("dataflow.server", "rollout.service", "trainer.service", "trainer.wiring"):
+        assert f"astraflow.{old}" not in serve

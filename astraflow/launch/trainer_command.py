@@ -10,7 +10,7 @@ recipe's ``trainer.processes`` and ``trainer.accelerate_config`` mean the same t
   --config_file F --num_processes N -m cli.main serve trainer ...``.
 
 Every rank runs the same ``serve trainer`` command; inside it rank 0 alone pulls batches,
-acknowledges them and serves/publishes weights (:mod:`astraflow.trainer.wiring`).
+acknowledges them and serves/publishes weights (:mod:`astraflow.trainer.main`).
 """
 
 from __future__ import annotations

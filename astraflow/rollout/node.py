@@ -120,7 +120,7 @@ class RolloutNode:
         weight_fetcher: Callable[[str, str, int | None, int], WeightUpdate] | None = None,
     ):
         """``make_env(env_id, kwargs)`` builds an environment (the recipe's ``tasks.env_kwargs``
-        are the factory's business, as in :func:`astraflow.rollout.service.run_node`);
+        are the factory's business, as in :func:`astraflow.rollout.main.run_node`);
         ``weight_fetcher(policy, location, have_version, want_version)`` returns the update that
         takes an engine from ``have_version`` (None: from nothing) to ``want_version``."""
         self.client = client

@@ -21,8 +21,8 @@ import uvicorn
 
 from astraflow.dataflow.app import create_app
 from astraflow.dataflow.config import ServiceConfig
-from astraflow.dataflow.server import bind_socket, url_for
 from astraflow.protocol import Episode, Trajectory
+from astraflow.protocol.http_server import bind_socket, url_for
 from astraflow.recipe import Recipe, recipe_to_toml
 
 TOKEN = "test-token-123"

@@ -1,4 +1,4 @@
-"""A real rollout node (``astraflow.rollout.service.run_node``) whose engine dies on demand.
+"""A real rollout node (``astraflow.rollout.main.run_node``) whose engine dies on demand.
 
 When the file given by ``--crash-file`` appears, the node's transformers engine is shut down from
 outside the node, as a crashed inference worker would be: its worker thread stops and every
@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from astraflow.rollout import service
+from astraflow.rollout import main as rollout_main
 
 
 def main() -> int:
@@ -30,14 +30,14 @@ def main() -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
     engines = []
-    real_build = service.build_policies
+    real_build = rollout_main.build_policies
 
     def build(recipe, opts):
         served = real_build(recipe, opts)
         engines.extend(p.engine for p in served.values())
         return served
 
-    service.build_policies = build
+    rollout_main.build_policies = build
 
     def crash_when_asked() -> None:
         while not args.crash_file.exists():
@@ -47,8 +47,8 @@ def main() -> int:
             asyncio.run(engine.close())
 
     threading.Thread(target=crash_when_asked, daemon=True).start()
-    opts = service.NodeOptions(join=args.join, token=args.token, name=args.name)
-    return service.run_node(opts)
+    opts = rollout_main.NodeOptions(join=args.join, token=args.token, name=args.name)
+    return rollout_main.run_node(opts)
 
 
 if __name__ == "__main__":

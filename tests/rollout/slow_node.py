@@ -1,4 +1,4 @@
-"""A real rollout node (``astraflow.rollout.service.run_node``) whose engine answers slowly.
+"""A real rollout node (``astraflow.rollout.main.run_node``) whose engine answers slowly.
 
 Every generation request waits ``--delay`` seconds before reaching the real transformers engine,
 as on a node serving a large model. Tests use it when they need a group to be still generating at
@@ -13,7 +13,7 @@ import asyncio
 import logging
 import sys
 
-from astraflow.rollout import service
+from astraflow.rollout import main as rollout_main
 
 
 def main() -> int:
@@ -28,7 +28,7 @@ def main() -> int:
     logging.basicConfig(level="INFO", format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
-    real_build = service.build_policies
+    real_build = rollout_main.build_policies
 
     def build(recipe, opts):
         served = real_build(recipe, opts)
@@ -42,15 +42,15 @@ def main() -> int:
             policy.engine.generate = slow_generate
         return served
 
-    service.build_policies = build
-    opts = service.NodeOptions(
+    rollout_main.build_policies = build
+    opts = rollout_main.NodeOptions(
         join=args.join,
         token=args.token,
         name=args.name,
         concurrency=args.concurrency,
         drain_timeout_s=args.drain_timeout,
     )
-    return service.run_node(opts)
+    return rollout_main.run_node(opts)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ import pytest
 from astraflow.protocol.client import DataflowClient, SyncDataflowClient
 from astraflow.recipe import load_recipe
 from astraflow.rollout.env_runner import EnvCallTimeout, EnvRunner
+from astraflow.rollout.main import NodeOptions, build_policies
 from astraflow.rollout.node import NodeSettings, RolloutNode
-from astraflow.rollout.service import NodeOptions, build_policies
 from astraflow.rollout.workflows import default_workflows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

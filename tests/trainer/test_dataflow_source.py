@@ -20,12 +20,12 @@ pytest.importorskip("astraflow.dataflow.app")
 import uvicorn  # noqa: E402
 
 from astraflow.dataflow.app import create_app  # noqa: E402
-from astraflow.dataflow.server import bind_socket, url_for  # noqa: E402
 from astraflow.protocol import Episode, Trajectory, WeightVersion  # noqa: E402
 from astraflow.protocol.client import SyncDataflowClient  # noqa: E402
+from astraflow.protocol.http_server import bind_socket, url_for  # noqa: E402
 from astraflow.recipe import Recipe  # noqa: E402
 from astraflow.trainer.grpo import build_trainer  # noqa: E402
-from astraflow.trainer.service import run_trainer  # noqa: E402
+from astraflow.trainer.loop import train_policy  # noqa: E402
 from astraflow.trainer.source import DataflowBatchSource  # noqa: E402
 
 TOKEN = "trainer-test-token"
@@ -155,7 +155,7 @@ def test_trainer_pulls_steps_and_acks_through_the_dataflow(tmp_path, tiny_model_
                 digest=f"sha256:{version:064x}"[:71],
             )
 
-        final = run_trainer(recipe, "policy", svc.url, TOKEN, tmp_path / "run", publish=publish)
+        final = train_policy(recipe, "policy", svc.url, TOKEN, tmp_path / "run", publish=publish)
         assert final == 2
         status = client.status()
         assert status["policies"]["policy"]["steps"] == 2

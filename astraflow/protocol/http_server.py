@@ -1,9 +1,14 @@
-"""Run the dataflow app under uvicorn; optionally write the bound URL to a port file.
+"""Run an ASGI app under uvicorn on a socket bound here; optionally write its URL to a port file.
 
-The launcher starts the service with ``port = 0`` and reads ``http(s)://host:port`` from the port
-file, which appears only once the socket is listening (written atomically, so a reader never sees
-half). Given a :class:`~astraflow.protocol.tls.ServerTLS`, the service speaks HTTPS and the URL
-says so.
+The processes whose whole job is one HTTP server run this way: the dataflow service
+(:mod:`astraflow.dataflow.main`), a region's weight cache (``astraflow serve weight-cache``) and the
+policy server (``astraflow serve policy``); the trainer's weight server runs in a thread beside
+training instead (:func:`astraflow.weights.server.serve_in_thread`). Why in ``protocol``, beside
+the client and the TLS settings: no component should import another one to start a server.
+
+A launcher starts a service with ``port = 0`` and reads ``http(s)://host:port`` from the port file,
+which appears only once the socket is listening (written atomically, so a reader never sees half).
+Given a :class:`~astraflow.protocol.tls.ServerTLS`, the server speaks HTTPS and the URL says so.
 """
 
 from __future__ import annotations

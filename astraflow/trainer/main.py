@@ -1,15 +1,15 @@
-"""The trainer process: a weight store with its HTTP server, evaluations, and the TRL trainer.
+"""The trainer process (``astraflow serve trainer``): a weight store with its HTTP server,
+evaluations, and the train loop of one policy.
 
-This is the composition ``astraflow serve trainer`` runs. The trainer itself
-(:func:`astraflow.trainer.service.run_trainer`) knows nothing about where weights go; here each
-published version lands in ``run_dir/weights`` (full snapshot + sparse delta), is served over
-HTTP(S) to any token of the run, and is announced to the dataflow service, which tells the rollout
-nodes. A trainer holding only its trainer token cannot derive the node tokens it must accept, so
-its weight server checks them against digests the dataflow service hands to trainers
-(``GET /auth/verifiers``); one holding the run secret checks them itself.
+The train loop itself (:func:`astraflow.trainer.loop.train_policy`) knows nothing about where
+weights go; here each published version lands in ``run_dir/weights`` (full snapshot + sparse
+delta), is served over HTTP(S) to any token of the run, and is announced to the dataflow service,
+which tells the rollout nodes. A trainer holding only its trainer token cannot derive the node
+tokens it must accept, so its weight server checks them against digests the dataflow service hands
+to trainers (``GET /auth/verifiers``); one holding the run secret checks them itself.
 
-Under torchrun/accelerate (``trainer.processes > 1``) every rank runs this function: rank 0 is the
-trainer above; the other ranks only train (their share of each batch, which rank 0 pulls and
+Under torchrun/accelerate (``trainer.processes > 1``) every rank runs :func:`run_trainer`: rank 0
+is the trainer above; the other ranks only train (their share of each batch, which rank 0 pulls and
 broadcasts) and take part in the collective calls, with no weight server, no evaluations and no
 acknowledgements of their own.
 """
@@ -20,6 +20,7 @@ import ctypes
 import logging
 import os
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,33 +32,46 @@ from astraflow.recipe import Recipe
 log = logging.getLogger("astraflow.trainer")
 
 
-def serve_trainer(
-    recipe: Recipe,
-    policy: str,
-    dataflow_url: str,
-    token: str,
-    run_dir: Path,
-    *,
-    resume: bool = False,
-    weights_host: str = "127.0.0.1",
-    weights_port: int = 0,
-    tls: ServerTLS | None = None,
-    ca_file: str | None = None,
-) -> int:
+@dataclass
+class TrainerOptions:
+    recipe: Recipe
+    #: the policy this trainer trains (a trainable one of the recipe)
+    policy: str
+    #: dataflow service URL
+    join: str
+    #: trainer token (or the run secret)
+    token: str
+    #: checkpoints under ``run_dir/checkpoints``, weights under ``run_dir/weights``
+    run_dir: Path
+    #: continue from the newest checkpoint
+    resume: bool = False
+    #: where the weight server listens (nodes fetch from the URL it announces); port 0: free
+    weights_host: str = "127.0.0.1"
+    weights_port: int = 0
+    #: serve weights over HTTPS
+    tls: ServerTLS | None = None
+    #: CA file to verify an https:// dataflow service against
+    ca_file: str | None = None
+
+
+def run_trainer(opts: TrainerOptions) -> int:
+    """Train ``opts.policy`` until the run is done; returns the final weight version."""
     from astraflow.protocol.client import SyncDataflowClient
-    from astraflow.trainer.service import run_trainer
+    from astraflow.trainer.loop import train_policy
     from astraflow.weights import WeightStore
     from astraflow.weights.server import create_weight_app, serve_in_thread
 
-    run_dir = Path(run_dir)
+    recipe, policy, dataflow_url, token = opts.recipe, opts.policy, opts.join, opts.token
+    resume, ca_file = opts.resume, opts.ca_file
+    run_dir = Path(opts.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     rank = distributed_rank()
     if rank is not None:
         _die_with_launcher()
     if rank:  # not rank 0: train on this rank's shard, publish and report nothing
         log.info("%s: trainer rank %d (rank 0 talks to the dataflow)", policy, rank)
-        return run_trainer(recipe, policy, dataflow_url, token, run_dir,
-                           publish=_rank_publishes_nothing, resume=resume, ca_file=ca_file)  # fmt: skip
+        return train_policy(recipe, policy, dataflow_url, token, run_dir,
+                            publish=_rank_publishes_nothing, resume=resume, ca_file=ca_file)  # fmt: skip
     spec = recipe.policies[policy]
     keep = max(spec.trainer.keep_versions, 5)  # nodes fetch delta chains of up to 4 versions
     # The weight server needs the store to exist before it knows its own URL, and the store stamps
@@ -67,7 +81,10 @@ def serve_trainer(
     try:
         verifier = _weight_verifier(evals, token)
         url, stop = serve_in_thread(
-            create_weight_app(WeightStore(root), verifier), weights_host, weights_port, tls=tls
+            create_weight_app(WeightStore(root), verifier),
+            opts.weights_host,
+            opts.weights_port,
+            tls=opts.tls,
         )
     except BaseException:
         evals.close()
@@ -94,8 +111,8 @@ def serve_trainer(
     if every and recipe.evaluation.at_start and not resume:
         _request_eval(evals, policy, 0)
     try:
-        version = run_trainer(recipe, policy, dataflow_url, token, run_dir, publish=publish,
-                           on_step=on_step, resume=resume, ca_file=ca_file)  # fmt: skip
+        version = train_policy(recipe, policy, dataflow_url, token, run_dir, publish=publish,
+                               on_step=on_step, resume=resume, ca_file=ca_file)  # fmt: skip
         # Nodes fetch this policy's weights from this process, for its final evaluation and for
         # the other policies' remaining training (a node joining late needs them too): keep the
         # weight server up until the whole run is done.

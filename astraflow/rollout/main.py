@@ -1,4 +1,9 @@
-"""`astraflow serve rollout`: build engines for the recipe's policies and run a node until done.
+"""The rollout process (``astraflow serve rollout``): engines for the recipe's policies, one node.
+
+The process builds one inference engine per policy the workflow uses, then runs a
+:class:`~astraflow.rollout.node.RolloutNode` (lease, run workflow groups, push, fetch weights)
+until the run is done, a SIGTERM drains it, or its engine dies (exit status
+:data:`EXIT_ENGINE_DEAD`).
 
 A node needs only the dataflow URL and its node token (and, over HTTPS, the run's CA file): it
 reads the run's recipe from the service (``GET /recipe``), so a node started by hand in another
@@ -39,6 +44,8 @@ class NodeOptions:
     ca_file: str | None = None
     #: fetch weights from this URL (a region's weight cache) instead of the announced locations
     weight_cache: str | None = None
+    #: the run's recipe as given on this node's command line (None: the one the service serves)
+    recipe: Recipe | None = None
 
 
 #: Exit status of a node whose engine died (its leases are left to expire; see node.py).
@@ -87,8 +94,9 @@ def build_policies(recipe: Recipe, opts: NodeOptions) -> dict[str, Any]:
     return served
 
 
-def run_node(opts: NodeOptions, recipe: Recipe | None = None) -> int:
-    return asyncio.run(_run(opts, recipe))
+def run_node(opts: NodeOptions) -> int:
+    """Run this node until done; returns the process exit status."""
+    return asyncio.run(_run(opts))
 
 
 async def _probe(opts: NodeOptions) -> Recipe:
@@ -107,7 +115,7 @@ async def _probe(opts: NodeOptions) -> Recipe:
         return await probe.recipe()  # needs the token: a wrong one fails here with AuthError
 
 
-async def _run(opts: NodeOptions, recipe: Recipe | None) -> int:
+async def _run(opts: NodeOptions) -> int:
     from astraflow.protocol.client import DataflowClient
     from astraflow.rollout.node import EngineFailure, NodeSettings, RolloutNode
     from astraflow.rollout.workflows import default_workflows
@@ -115,7 +123,7 @@ async def _run(opts: NodeOptions, recipe: Recipe | None) -> int:
     from envs import default_registry
 
     served_recipe = await _probe(opts)
-    recipe = recipe or served_recipe
+    recipe = opts.recipe or served_recipe
     client = DataflowClient(opts.join, opts.token, ca_file=opts.ca_file)
     policies: dict[str, Any] = {}
     workflows = None

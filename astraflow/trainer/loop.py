@@ -1,8 +1,9 @@
-"""The trainer service of one policy: pull batches from the dataflow, step, publish, acknowledge.
+"""The train loop of one policy: pull batches from the dataflow, step, publish, acknowledge.
 
-``astraflow serve trainer --recipe R --policy NAME`` calls :func:`run_trainer`. Weight publication
-is injected (``publish``) so this module depends only on the protocol: the caller passes a function
-that stores version ``v`` (e.g. ``WeightStore(root).publish(policy, v, tensors)``) and returns the
+The trainer process (:func:`astraflow.trainer.main.run_trainer`) calls :func:`train_policy` on
+every rank. Weight publication is injected (``publish``) so this module depends only on the
+protocol: the caller passes a function that stores version ``v`` (e.g.
+``WeightStore(root).publish(policy, v, tensors)``) and returns the
 :class:`~astraflow.protocol.WeightVersion` it wrote; that version is then announced to the dataflow
 service before the batch that produced it is acknowledged.
 """
@@ -20,7 +21,7 @@ from astraflow.recipe.schema import Recipe
 Publisher = Callable[[int, dict[str, Any]], "WeightVersion | None"]
 
 
-def run_trainer(
+def train_policy(
     recipe: Recipe,
     policy: str,
     dataflow_url: str,
