@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from astraflow.dataflow import state
+from astraflow.dataflow import storage
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.policies import GroupView, TaskView
 from astraflow.dataflow.store import Tx
@@ -70,6 +70,6 @@ def skip_pending(ctx: Context, tx: Tx, rows: list[tuple], want: int) -> tuple[li
         )
         for policy in ctx.config.workflow_policies:
             if ctx.config.is_trainable(policy):
-                state.count_drop(tx, policy, reason, row[6])
+                storage.tallies.drops.add(tx, policy, reason, row[6])
     persist(ctx, tx)
     return kept, skipped

@@ -10,7 +10,7 @@ one is outstanding.
 
 from __future__ import annotations
 
-from astraflow.dataflow import state
+from astraflow.dataflow import state, storage
 from astraflow.dataflow.config import EVAL_PRIORITY
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.errors import Invalid, NotFound
@@ -20,7 +20,7 @@ from astraflow.protocol import Episode, EvaluationRequest, EvaluationResult, Tas
 
 
 def request(ctx: Context, tx: Tx, req: EvaluationRequest, loader=None) -> EvaluationResult:
-    cached = state.remembered(tx, req.idempotency_key, "evaluation")
+    cached = storage.idempotency.remembered(tx, req.idempotency_key, "evaluation")
     if cached is not None:
         return get(tx, str(state.unpack(cached)))
     recipe = ctx.config.recipe
@@ -83,7 +83,7 @@ def request(ctx: Context, tx: Tx, req: EvaluationRequest, loader=None) -> Evalua
             now,
         ),
     )
-    state.remember(tx, req.idempotency_key, "evaluation", state.pack(eval_id), now)
+    storage.idempotency.remember(tx, req.idempotency_key, "evaluation", state.pack(eval_id), now)
     return get(tx, eval_id)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import statistics
 
-from astraflow.dataflow import adaptive, state
+from astraflow.dataflow import adaptive, state, storage
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.evaluations import record_eval_episode
 from astraflow.dataflow.packed import PackedArrays
@@ -39,7 +39,7 @@ def push(
 ) -> PushResult:
     """Ingest ``req``; ``packed`` holds arrays that arrived packed (see :mod:`.packed`)."""
     packed = packed or {}
-    cached = state.remembered(tx, req.idempotency_key, "push")
+    cached = storage.idempotency.remembered(tx, req.idempotency_key, "push")
     if cached is not None:
         result = PushResult.model_validate(state.unpack(cached))
         result.duplicate = True
@@ -48,7 +48,9 @@ def push(
 
     def reject(reason: str) -> PushResult:
         result = PushResult(accepted=False, reason=reason)
-        state.remember(tx, req.idempotency_key, "push", state.pack(result.model_dump()), now)
+        storage.idempotency.remember(
+            tx, req.idempotency_key, "push", state.pack(result.model_dump()), now
+        )
         return result
 
     lease = tx.one(
@@ -114,13 +116,13 @@ def push(
     tx.execute(
         "UPDATE leases SET episodes = episodes + ? WHERE id=?", (len(req.episodes), req.lease_id)
     )
-    tx.execute(
-        "UPDATE nodes SET episodes = episodes + ? WHERE id=?", (len(req.episodes), req.node_id)
-    )
+    storage.nodes.add_episodes(tx, req.node_id, len(req.episodes))
     if lease_episodes + len(req.episodes) == group_size:
         _complete(ctx, tx, task_id, req.lease_id, task)
     result = PushResult(accepted=True, samples=n_samples)
-    state.remember(tx, req.idempotency_key, "push", state.pack(result.model_dump()), now)
+    storage.idempotency.remember(
+        tx, req.idempotency_key, "push", state.pack(result.model_dump()), now
+    )
     return result
 
 
@@ -151,13 +153,13 @@ def _insert_samples(
         reason = "env_timeout" if ep.finish_reason == "env_timeout" else "episode_error"
         for policy in ctx.config.workflow_policies:
             if ctx.config.is_trainable(policy):
-                state.count_drop(tx, policy, reason)
+                storage.tallies.drops.add(tx, policy, reason)
         return 0
     rows = []
     for traj, a in zip(ep.trajectories, arrays, strict=True):
         policy = roles[traj.role]
         if not ctx.config.is_trainable(policy):
-            state.count_drop(tx, policy, "frozen_policy")
+            storage.tallies.drops.add(tx, policy, "frozen_policy")
             continue
         rows.append(
             (
@@ -223,7 +225,7 @@ def _complete(ctx: Context, tx: Tx, task_id: str, lease_id: str, task: tuple) ->
         for policy, n in tx.execute(
             "SELECT policy, COUNT(*) FROM samples WHERE lease_id=? GROUP BY policy", (loser,)
         ).fetchall():
-            state.count_drop(tx, policy, "superseded", n)
+            storage.tallies.drops.add(tx, policy, "superseded", n)
         tx.execute("DELETE FROM samples WHERE lease_id=?", (loser,))
     if is_eval:
         return
@@ -254,7 +256,7 @@ def _complete(ctx: Context, tx: Tx, task_id: str, lease_id: str, task: tuple) ->
             if reason:
                 break
         if reason:
-            state.count_drop(tx, policy, reason, len(samples))
+            storage.tallies.drops.add(tx, policy, reason, len(samples))
         tx.execute(
             "INSERT INTO groups(id, task_id, policy, task_set, round, size, reward_mean, "
             "reward_std, min_version, priority, deadline, state, created_at) "

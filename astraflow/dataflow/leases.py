@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from astraflow.dataflow import adaptive, state
+from astraflow.dataflow import adaptive, state, storage
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.errors import DataflowError, Invalid, NotFound
 from astraflow.dataflow.feeder import load_task
@@ -81,20 +81,14 @@ def touch_node(
     Re-attempts of a parked lease request pass ``update=False``: the request already touched the
     node when it arrived (heartbeats keep it alive meanwhile), and a read-only attempt commits
     without writing to the WAL."""
-    row = tx.one("SELECT state FROM nodes WHERE id=?", (node_id,))
-    if row is None:
+    node_state = storage.nodes.state(tx, node_id)
+    if node_state is None:
         raise NotFound(f"unknown node {node_id!r}; register with POST /nodes first", "node_id")
-    if row[0] != "active":
+    if node_state != "active":
         raise NotFound(f"node {node_id!r} has deregistered; register again", "node_id")
     if not update:
         return
-    if versions:
-        tx.execute(
-            "UPDATE nodes SET last_heartbeat=?, versions=? WHERE id=?",
-            (ctx.now(), json.dumps(versions), node_id),
-        )
-    else:
-        tx.execute("UPDATE nodes SET last_heartbeat=? WHERE id=?", (ctx.now(), node_id))
+    storage.nodes.touch(tx, node_id, ctx.now(), versions)
 
 
 def _admission(ctx: Context, req: LeaseRequest, latest: dict[str, int]) -> str | None:
@@ -243,13 +237,13 @@ def serve(
     without another scan.
     """
     expire_overdue(ctx, tx)
-    latest = state.latest_versions(tx)
-    locations = state.weight_locations(tx)
+    latest = storage.versions.latest_versions(tx)
+    locations = storage.versions.weight_locations(tx)
     done = nodes_done(ctx, tx)
     empty: dict[tuple, LeaseGrant] = {}
     outcomes: list[LeaseGrant | Exception] = []
     for req in reqs:
-        cached = state.remembered(tx, req.idempotency_key, "lease")
+        cached = storage.idempotency.remembered(tx, req.idempotency_key, "lease")
         if cached is not None:
             outcomes.append(LeaseGrant.model_validate(state.unpack(cached)))
             continue
@@ -357,7 +351,7 @@ def _remember(ctx: Context, tx: Tx, req: LeaseRequest, reply: LeaseGrant) -> Non
     Empty replies are not kept: recomputing one hands out nothing twice, and a parked request's
     re-attempts must not be answered from an earlier empty attempt."""
     if req.idempotency_key:
-        state.remember(
+        storage.idempotency.remember(
             tx, req.idempotency_key, "lease", state.pack(reply.model_dump(mode="json")), ctx.now()
         )
 
@@ -365,7 +359,7 @@ def _remember(ctx: Context, tx: Tx, req: LeaseRequest, reply: LeaseGrant) -> Non
 def heartbeat(ctx: Context, tx: Tx, node_id: str, hb: Heartbeat) -> HeartbeatReply:
     touch_node(ctx, tx, node_id, hb.versions)
     if hb.metrics:
-        tx.execute("UPDATE nodes SET metrics=? WHERE id=?", (json.dumps(hb.metrics), node_id))
+        storage.nodes.set_metrics(tx, node_id, hb.metrics)
     expire_overdue(ctx, tx)
     now = ctx.now()
     renewed = [
@@ -390,10 +384,10 @@ def heartbeat(ctx: Context, tx: Tx, node_id: str, hb: Heartbeat) -> HeartbeatRep
         elif row[1] == "done" and row[2] != lease_id:
             lost.append(lease_id)
     return HeartbeatReply(
-        latest_versions=state.latest_versions(tx),
+        latest_versions=storage.versions.latest_versions(tx),
         renewed=renewed,
         lost=lost,
-        weight_locations=state.weight_locations(tx),
+        weight_locations=storage.versions.weight_locations(tx),
         stop=nodes_done(ctx, tx),
     )
 

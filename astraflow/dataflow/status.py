@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from astraflow.dataflow import evaluations, state
+from astraflow.dataflow import evaluations, state, storage
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.leases import nodes_done
 from astraflow.dataflow.store import Tx
@@ -39,10 +39,7 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
         ).fetchall()
     )
     nodes = []
-    for nid, body, versions, n_state, last_hb, episodes, metrics in tx.execute(
-        "SELECT id, body, versions, state, last_heartbeat, episodes, metrics FROM nodes "
-        "ORDER BY registered_at"
-    ).fetchall():
+    for nid, body, versions, n_state, last_hb, episodes, metrics in storage.nodes.all_rows(tx):
         reg = json.loads(body)
         silent = now - last_hb
         shown_state = n_state
@@ -63,10 +60,10 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
                 metrics=json.loads(metrics),
             )
         )
-    latest = state.latest_weights(tx)
+    latest = storage.versions.latest_weights(tx)
     steps = state.steps(tx)
-    drops = state.drops(tx)
-    counters = state.counters(tx)
+    drops = storage.tallies.drops.by_policy(tx)
+    counters = storage.tallies.counters.by_policy(tx)
     buffers = {
         p: (g, s)
         for p, g, s in tx.execute(

@@ -1,0 +1,12 @@
+"""The dataflow store's SQL, one module per table family.
+
+Why: the domain modules (leases, ingest, batching, ...) say what happens to the run; the SQL that
+records it lives here, named by what it does (``nodes.mark_left(tx, node_id)``), so a reader sees
+each table's statements side by side and a schema change touches one module. Every function takes
+the operation's :class:`~astraflow.dataflow.store.Tx` (the store's single writer thread) and runs
+its statements as they were written in the domain modules.
+"""
+
+from astraflow.dataflow.storage import idempotency, nodes, tallies, versions
+
+__all__ = ["idempotency", "nodes", "tallies", "versions"]
