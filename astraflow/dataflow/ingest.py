@@ -53,9 +53,7 @@ def push(
         )
         return result
 
-    lease = tx.one(
-        "SELECT task_id, node_id, state, episodes FROM leases WHERE id=?", (req.lease_id,)
-    )
+    lease = storage.leases.for_push(tx, req.lease_id)
     if lease is None:
         return reject(f"unknown lease {req.lease_id!r}")
     task_id, lease_node, lease_state, lease_episodes = lease
@@ -113,9 +111,7 @@ def push(
                 for j, t in enumerate(ep.trajectories)
             ]
             n_samples += _insert_samples(ctx, tx, ep, req.lease_id, arrays)
-    tx.execute(
-        "UPDATE leases SET episodes = episodes + ? WHERE id=?", (len(req.episodes), req.lease_id)
-    )
+    storage.leases.add_episodes(tx, req.lease_id, len(req.episodes))
     storage.nodes.add_episodes(tx, req.node_id, len(req.episodes))
     if lease_episodes + len(req.episodes) == group_size:
         _complete(ctx, tx, task_id, req.lease_id, task)
@@ -212,16 +208,9 @@ def _complete(ctx: Context, tx: Tx, task_id: str, lease_id: str, task: tuple) ->
     tx.execute(
         "UPDATE tasks SET state='done', winner=?, done_at=? WHERE id=?", (lease_id, now, task_id)
     )
-    tx.execute("UPDATE leases SET state='finished' WHERE id=?", (lease_id,))
-    losers = [
-        r[0]
-        for r in tx.execute(
-            "SELECT id FROM leases WHERE task_id=? AND id != ? AND state != 'superseded'",
-            (task_id, lease_id),
-        ).fetchall()
-    ]
-    for loser in losers:
-        tx.execute("UPDATE leases SET state='superseded' WHERE id=?", (loser,))
+    storage.leases.mark_finished(tx, lease_id)
+    for loser in storage.leases.others_of_task(tx, task_id, lease_id):
+        storage.leases.mark_superseded(tx, loser)
         for policy, n in tx.execute(
             "SELECT policy, COUNT(*) FROM samples WHERE lease_id=? GROUP BY policy", (loser,)
         ).fetchall():

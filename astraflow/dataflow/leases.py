@@ -8,8 +8,6 @@ so another node can run it. The first lease to deliver the whole group wins the 
 
 from __future__ import annotations
 
-import json
-
 from astraflow.dataflow import adaptive, state, storage
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.errors import DataflowError, Invalid, NotFound
@@ -33,12 +31,10 @@ MAX_CANDIDATES = 20_000
 def expire_overdue(ctx: Context, tx: Tx) -> int:
     """Expire active leases past their deadline and put their unfinished tasks back."""
     now = ctx.now()
-    rows = tx.execute(
-        "SELECT id, task_id FROM leases WHERE state='active' AND deadline < ?", (now,)
-    ).fetchall()
+    rows = storage.leases.overdue(tx, now)
     if not rows:
         return 0
-    tx.executemany("UPDATE leases SET state='expired' WHERE id=?", [(r[0],) for r in rows])
+    storage.leases.expire(tx, [r[0] for r in rows])
     for task_id in {r[1] for r in rows}:
         requeue_if_orphaned(tx, task_id)
     wake_after_commit(ctx, tx)
@@ -55,10 +51,7 @@ def wake_after_commit(ctx: Context, tx: Tx) -> None:
 
 
 def requeue_if_orphaned(tx: Tx, task_id: str) -> None:
-    active = tx.scalar(
-        "SELECT COUNT(*) FROM leases WHERE task_id=? AND state='active'", (task_id,), 0
-    )
-    if not active:
+    if not storage.leases.active_count_of_task(tx, task_id):
         tx.execute("UPDATE tasks SET state='pending' WHERE id=? AND state='leased'", (task_id,))
 
 
@@ -134,12 +127,7 @@ def buffer_room(ctx: Context, tx: Tx) -> tuple[int, str | None]:
     steps = ctx.config.recipe.dataflow.buffer_steps
     if not steps or not ctx.config.trainable:
         return 1 << 30, None
-    in_flight = tx.scalar(
-        "SELECT COUNT(*) FROM leases l JOIN tasks t ON t.id = l.task_id "
-        "WHERE l.state='active' AND t.is_eval=0",
-        (),
-        0,
-    )
+    in_flight = storage.leases.in_flight_training(tx)
     ready = dict(
         tx.execute(
             "SELECT policy, COUNT(*) FROM groups WHERE state='ready' GROUP BY policy"
@@ -326,11 +314,7 @@ def _attempt(
             issued_at=now,
             versions=dict(req.versions),
         )
-        tx.execute(
-            "INSERT INTO leases(id, task_id, node_id, issued_at, deadline, state, versions) "
-            "VALUES(?,?,?,?,?,'active',?)",
-            (lease.id, task.id, req.node_id, now, lease.deadline, json.dumps(req.versions)),
-        )
+        storage.leases.insert(tx, lease.id, task.id, req.node_id, now, lease.deadline, req.versions)
         tx.execute("UPDATE tasks SET state='leased' WHERE id=?", (task.id,))
         reply.leases.append(lease)
     if len(reply.leases) < req.max_tasks and reason is None:
@@ -362,23 +346,11 @@ def heartbeat(ctx: Context, tx: Tx, node_id: str, hb: Heartbeat) -> HeartbeatRep
         storage.nodes.set_metrics(tx, node_id, hb.metrics)
     expire_overdue(ctx, tx)
     now = ctx.now()
-    renewed = [
-        r[0]
-        for r in tx.execute(
-            "SELECT id FROM leases WHERE node_id=? AND state='active'", (node_id,)
-        ).fetchall()
-    ]
-    tx.execute(
-        "UPDATE leases SET deadline=? WHERE node_id=? AND state='active'",
-        (now + ctx.config.lease_timeout_s, node_id),
-    )
+    renewed = storage.leases.active_of_node(tx, node_id)
+    storage.leases.extend_node(tx, node_id, now + ctx.config.lease_timeout_s)
     lost = []
     for lease_id in hb.in_flight:
-        row = tx.one(
-            "SELECT l.state, t.state, t.winner FROM leases l JOIN tasks t ON t.id = l.task_id "
-            "WHERE l.id=? AND l.node_id=?",
-            (lease_id, node_id),
-        )
+        row = storage.leases.with_task_state(tx, lease_id, node_id)
         if row is None or row[0] in ("superseded", "released"):
             lost.append(lease_id)
         elif row[1] == "done" and row[2] != lease_id:
@@ -397,13 +369,13 @@ def release(ctx: Context, tx: Tx, req: LeaseRelease) -> int:
     touch_node(ctx, tx, req.node_id, None)
     released = 0
     for lease_id in req.lease_ids:
-        row = tx.one("SELECT node_id, task_id, state FROM leases WHERE id=?", (lease_id,))
+        row = storage.leases.get(tx, lease_id)
         if row is None:
             raise NotFound(f"unknown lease {lease_id!r}", "lease_ids")
         if row[0] != req.node_id:
             raise Invalid(f"lease {lease_id!r} belongs to another node", "lease_ids")
         if row[2] == "active":
-            tx.execute("UPDATE leases SET state='released' WHERE id=?", (lease_id,))
+            storage.leases.mark_released(tx, lease_id)
             requeue_if_orphaned(tx, row[1])
             released += 1
     if released:
@@ -412,7 +384,5 @@ def release(ctx: Context, tx: Tx, req: LeaseRelease) -> int:
 
 
 def release_node(ctx: Context, tx: Tx, node_id: str) -> int:
-    rows = tx.execute(
-        "SELECT id FROM leases WHERE node_id=? AND state='active'", (node_id,)
-    ).fetchall()
-    return release(ctx, tx, LeaseRelease(node_id=node_id, lease_ids=[r[0] for r in rows]))
+    lease_ids = storage.leases.active_of_node(tx, node_id)
+    return release(ctx, tx, LeaseRelease(node_id=node_id, lease_ids=lease_ids))

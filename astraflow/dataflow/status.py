@@ -25,7 +25,7 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
     ):
         key = "eval" if is_eval else task_set
         queue[key] = queue.get(key, 0) + n
-    lease_counts = dict(tx.execute("SELECT state, COUNT(*) FROM leases GROUP BY state").fetchall())
+    lease_counts = storage.leases.counts_by_state(tx)
     since = now - THROUGHPUT_WINDOW_S
     recent = dict(
         tx.execute(
@@ -33,11 +33,7 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
             (since,),
         ).fetchall()
     )
-    active = dict(
-        tx.execute(
-            "SELECT node_id, COUNT(*) FROM leases WHERE state='active' GROUP BY node_id"
-        ).fetchall()
-    )
+    active = storage.leases.active_by_node(tx)
     nodes = []
     for nid, body, versions, n_state, last_hb, episodes, metrics in storage.nodes.all_rows(tx):
         reg = json.loads(body)
