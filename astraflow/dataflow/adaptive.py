@@ -64,10 +64,7 @@ def skip_pending(ctx: Context, tx: Tx, rows: list[tuple], want: int) -> tuple[li
             kept.append(row)
             continue
         skipped += 1
-        tx.execute(
-            "UPDATE tasks SET state='done', winner=?, done_at=? WHERE id=?",
-            (f"skipped:{reason}", now, row[1]),
-        )
+        storage.tasks.finish(tx, row[1], f"skipped:{reason}", now)
         for policy in ctx.config.workflow_policies:
             if ctx.config.is_trainable(policy):
                 storage.tallies.drops.add(tx, policy, reason, row[6])

@@ -158,9 +158,7 @@ def next_round_batch(ctx: Context, tx: Tx, req: BatchRequest, round_: int) -> di
     """Lock-step mode: exactly round ``round_``'s groups, once every task of it is done."""
     if round_acked(tx, req.policy, round_):
         return None  # waiting for the other policies and version announcements
-    total, open_ = tx.one(
-        "SELECT COUNT(*), SUM(state != 'done') FROM tasks WHERE is_eval=0 AND round=?", (round_,)
-    )
+    total, open_ = storage.tasks.round_progress(tx, round_)
     if total == 0:
         if ctx.feeder.exhausted(tx):
             return reply(done=True, reason="task sets exhausted")

@@ -14,7 +14,7 @@ from astraflow.dataflow import state, storage
 from astraflow.dataflow.config import EVAL_PRIORITY
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.errors import Invalid, NotFound
-from astraflow.dataflow.feeder import insert_tasks, task_row
+from astraflow.dataflow.feeder import task_row
 from astraflow.dataflow.store import Tx
 from astraflow.protocol import Episode, EvaluationRequest, EvaluationResult, Task, new_id
 
@@ -68,7 +68,7 @@ def request(ctx: Context, tx: Tx, req: EvaluationRequest, loader=None) -> Evalua
             meta=meta,
         )
         rows.append(task_row(task, now))
-    insert_tasks(tx, rows)
+    storage.tasks.insert(tx, rows)
     tx.execute(
         "INSERT INTO evaluations(id, policy, version, step, task_set, split, num_tasks, "
         "created_at) VALUES(?,?,?,?,?,?,?,?)",

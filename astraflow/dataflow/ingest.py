@@ -61,11 +61,7 @@ def push(
         return reject(
             f"lease {req.lease_id!r} was granted to node {lease_node!r}, not {req.node_id!r}"
         )
-    task = tx.one(
-        "SELECT state, winner, group_size, is_eval, eval_id, eval_policy, round, task_set, "
-        "priority, deadline FROM tasks WHERE id=?",
-        (task_id,),
-    )
+    task = storage.tasks.for_push(tx, task_id)
     t_state, winner, group_size, is_eval, eval_id, eval_policy = task[:6]
     if t_state == "done":
         if winner == req.lease_id:
@@ -205,9 +201,7 @@ def _complete(ctx: Context, tx: Tx, task_id: str, lease_id: str, task: tuple) ->
     now = ctx.now()
     round_, task_set, priority, deadline = task[6:10]
     is_eval = bool(task[3])
-    tx.execute(
-        "UPDATE tasks SET state='done', winner=?, done_at=? WHERE id=?", (lease_id, now, task_id)
-    )
+    storage.tasks.finish(tx, task_id, lease_id, now)
     storage.leases.mark_finished(tx, lease_id)
     for loser in storage.leases.others_of_task(tx, task_id, lease_id):
         storage.leases.mark_superseded(tx, loser)

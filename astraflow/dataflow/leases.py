@@ -52,7 +52,7 @@ def wake_after_commit(ctx: Context, tx: Tx) -> None:
 
 def requeue_if_orphaned(tx: Tx, task_id: str) -> None:
     if not storage.leases.active_count_of_task(tx, task_id):
-        tx.execute("UPDATE tasks SET state='pending' WHERE id=? AND state='leased'", (task_id,))
+        storage.tasks.requeue(tx, task_id)
 
 
 def nodes_done(ctx: Context, tx: Tx) -> bool:
@@ -154,11 +154,7 @@ def buffer_room(ctx: Context, tx: Tx) -> tuple[int, str | None]:
 def _eval_candidates(tx: Tx, req: LeaseRequest, limit: int) -> list[tuple]:
     if not req.versions:
         return []
-    rows = tx.execute(
-        "SELECT seq, id, body, eval_policy, min_version, priority FROM tasks "
-        "WHERE state='pending' AND is_eval=1 ORDER BY priority DESC, seq LIMIT ?",
-        (MAX_CANDIDATES,),
-    ).fetchall()
+    rows = storage.tasks.pending_evaluations(tx, MAX_CANDIDATES)
     out = [r for r in rows if req.versions.get(r[3], -1) >= (r[4] or 0)]
     return out[:limit]
 
@@ -166,29 +162,19 @@ def _eval_candidates(tx: Tx, req: LeaseRequest, limit: int) -> list[tuple]:
 def _training_candidates(ctx: Context, tx: Tx, want: int, round_: int | None) -> list[tuple]:
     """Up to ``want`` pending training tasks in the task order, after the gates (predictive
     skipping, late deadlines) had their say; skipped tasks are replaced from the feeder."""
-    cols = "seq, id, body, task_set, priority, deadline, group_size"
     order = ctx.pipeline.task_order
     chosen: list[tuple] = []
     # each pass skips at least one task or returns; the bound only stops a gate skipping everything
     for _ in range(64):
         need_now = want - len(chosen)
         if round_ is None:
-            pending = tx.scalar(
-                "SELECT COUNT(*) FROM tasks WHERE state='pending' AND is_eval=0", (), 0
-            )
+            pending = storage.tasks.pending_training_count(tx)
             need = need_now + ctx.config.task_window
             if pending < need:
                 ctx.feeder.enqueue(tx, need - pending)
-            rows = tx.execute(
-                f"SELECT {cols} FROM tasks WHERE state='pending' AND is_eval=0 ORDER BY seq LIMIT ?",
-                (MAX_CANDIDATES,),
-            ).fetchall()
+            rows = storage.tasks.pending_training(tx, MAX_CANDIDATES)
         else:
-            rows = tx.execute(
-                f"SELECT {cols} FROM tasks WHERE state='pending' AND is_eval=0 AND round=? "
-                "ORDER BY seq",
-                (round_,),
-            ).fetchall()
+            rows = storage.tasks.pending_training_of_round(tx, round_)
         taken = {r[1] for r in chosen}
         rows = [r for r in rows if r[1] not in taken]
         rows.sort(key=lambda r: order.sort_key(TaskView(r[1], r[3], r[0], r[4], r[5])))
@@ -315,7 +301,7 @@ def _attempt(
             versions=dict(req.versions),
         )
         storage.leases.insert(tx, lease.id, task.id, req.node_id, now, lease.deadline, req.versions)
-        tx.execute("UPDATE tasks SET state='leased' WHERE id=?", (task.id,))
+        storage.tasks.mark_leased(tx, task.id)
         reply.leases.append(lease)
     if len(reply.leases) < req.max_tasks and reason is None:
         exhausted = ctx.feeder.exhausted(tx)

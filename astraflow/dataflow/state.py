@@ -25,17 +25,14 @@ def steps(tx: Tx) -> dict[str, int]:
 
 
 def outstanding_training_tasks(tx: Tx) -> int:
-    return tx.scalar("SELECT COUNT(*) FROM tasks WHERE is_eval=0 AND state != 'done'", (), 0)
+    return storage.tasks.outstanding_training(tx)
 
 
 def outstanding_evals(tx: Tx) -> int:
     """Evaluation tasks not finished yet that some node can run: an evaluation of a version that
     was never announced cannot run, so it must not keep the nodes from stopping forever."""
     latest = storage.versions.latest_versions(tx)
-    rows = tx.execute(
-        "SELECT eval_policy, min_version, COUNT(*) FROM tasks WHERE is_eval=1 AND state != 'done' "
-        "GROUP BY eval_policy, min_version"
-    ).fetchall()
+    rows = storage.tasks.open_evaluations(tx)
     return sum(n for policy, v, n in rows if (v or 0) <= latest.get(policy, 0))
 
 

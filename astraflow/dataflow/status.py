@@ -19,10 +19,7 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
     cfg = ctx.config
     recipe = cfg.recipe
     queue: dict[str, int] = {}
-    for task_set, is_eval, n in tx.execute(
-        "SELECT task_set, is_eval, COUNT(*) FROM tasks WHERE state='pending' "
-        "GROUP BY task_set, is_eval"
-    ):
+    for task_set, is_eval, n in storage.tasks.pending_by_set(tx):
         key = "eval" if is_eval else task_set
         queue[key] = queue.get(key, 0) + n
     lease_counts = storage.leases.counts_by_state(tx)
@@ -103,7 +100,7 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
         queue=queue,
         in_flight_leases=lease_counts.get("active", 0),
         expired_leases=lease_counts.get("expired", 0),
-        tasks_done=tx.scalar("SELECT COUNT(*) FROM tasks WHERE state='done' AND is_eval=0", (), 0),
+        tasks_done=storage.tasks.done_training_count(tx),
         # episodes are never deleted, so the largest rowid is their count (no table scan)
         episodes=tx.scalar("SELECT MAX(rowid) FROM episodes", (), 0),
         episodes_per_s=total_recent / THROUGHPUT_WINDOW_S,

@@ -120,10 +120,6 @@ def _cancel_evaluations(tx: Tx, policy: str, version: int, now: float) -> None:
         )
     ]
     for eval_id in ids:
-        tx.execute(
-            "UPDATE tasks SET state='done', winner='rewound', done_at=? "
-            "WHERE eval_id=? AND state != 'done'",
-            (now, eval_id),
-        )
+        storage.tasks.cancel_evaluation(tx, eval_id, now)
         tx.execute("DELETE FROM evaluations WHERE id=?", (eval_id,))
         storage.idempotency.forget_evaluation(tx, state.pack(eval_id))

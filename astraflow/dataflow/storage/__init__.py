@@ -7,6 +7,14 @@ the operation's :class:`~astraflow.dataflow.store.Tx` (the store's single writer
 its statements as they were written in the domain modules.
 """
 
-from astraflow.dataflow.storage import idempotency, leases, nodes, tallies, versions
+from astraflow.dataflow.storage import (
+    feeder,
+    idempotency,
+    leases,
+    nodes,
+    tallies,
+    tasks,
+    versions,
+)
 
-__all__ = ["idempotency", "leases", "nodes", "tallies", "versions"]
+__all__ = ["feeder", "idempotency", "leases", "nodes", "tallies", "tasks", "versions"]
