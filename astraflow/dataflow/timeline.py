@@ -113,13 +113,7 @@ def _cancel_evaluations(tx: Tx, policy: str, version: int, now: float) -> None:
     """Evaluations of versions after ``version`` measured (or would measure) weights this timeline
     no longer has: drop them, their open tasks, and the idempotency keys that would answer the
     trainer's request for the retrained version with the old result."""
-    ids = [
-        r[0]
-        for r in tx.execute(
-            "SELECT id FROM evaluations WHERE policy=? AND version > ?", (policy, version)
-        )
-    ]
-    for eval_id in ids:
+    for eval_id in storage.evaluations.ids_after(tx, policy, version):
         storage.tasks.cancel_evaluation(tx, eval_id, now)
-        tx.execute("DELETE FROM evaluations WHERE id=?", (eval_id,))
+        storage.evaluations.delete(tx, eval_id)
         storage.idempotency.forget_evaluation(tx, state.pack(eval_id))

@@ -8,6 +8,7 @@ its statements as they were written in the domain modules.
 """
 
 from astraflow.dataflow.storage import (
+    evaluations,
     feeder,
     idempotency,
     leases,
@@ -17,4 +18,13 @@ from astraflow.dataflow.storage import (
     versions,
 )
 
-__all__ = ["feeder", "idempotency", "leases", "nodes", "tallies", "tasks", "versions"]
+__all__ = [
+    "evaluations",
+    "feeder",
+    "idempotency",
+    "leases",
+    "nodes",
+    "tallies",
+    "tasks",
+    "versions",
+]
