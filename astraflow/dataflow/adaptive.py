@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from astraflow.dataflow import state
+from astraflow.dataflow import storage
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.policies import GroupView, TaskView
 from astraflow.dataflow.store import Tx
@@ -64,12 +64,9 @@ def skip_pending(ctx: Context, tx: Tx, rows: list[tuple], want: int) -> tuple[li
             kept.append(row)
             continue
         skipped += 1
-        tx.execute(
-            "UPDATE tasks SET state='done', winner=?, done_at=? WHERE id=?",
-            (f"skipped:{reason}", now, row[1]),
-        )
+        storage.tasks.finish(tx, row[1], f"skipped:{reason}", now)
         for policy in ctx.config.workflow_policies:
             if ctx.config.is_trainable(policy):
-                state.count_drop(tx, policy, reason, row[6])
+                storage.tallies.drops.add(tx, policy, reason, row[6])
     persist(ctx, tx)
     return kept, skipped

@@ -1,4 +1,5 @@
-"""The dataflow service's HTTP API (FastAPI). Routes are thin: parse, call the service, reply.
+"""The dataflow service's HTTP API (FastAPI), built from the route table
+(:mod:`astraflow.dataflow.routes`) like the raw-ASGI fast path in front of it.
 
 Every route but ``GET /healthz`` needs ``Authorization: Bearer <token>``: the run secret (admin) or
 a role token derived from it, whose role the route allows (:mod:`astraflow.dataflow.access`). Bodies
@@ -8,10 +9,11 @@ describes both and names each route's roles (``x-roles``).
 
 from __future__ import annotations
 
+import inspect
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
@@ -22,52 +24,22 @@ from astraflow.dataflow.config import ServiceConfig
 from astraflow.dataflow.errors import DataflowError
 from astraflow.dataflow.fastpath import FastPath
 from astraflow.dataflow.http import (
+    OPEN_PATHS,
     GuardMiddleware,
     error_response,
-    parse,
     read_body,
     request_type,
     respond,
     respond_raw,
 )
-from astraflow.dataflow.packed import decode_push
+from astraflow.dataflow.routes import ROUTES, Api, Route
 from astraflow.dataflow.service import DataflowService
-from astraflow.protocol import (
-    Ack,
-    BatchAck,
-    BatchReply,
-    BatchRequest,
-    DecodeError,
-    EvaluationList,
-    EvaluationRequest,
-    EvaluationResult,
-    Heartbeat,
-    HeartbeatReply,
-    LeaseGrant,
-    LeaseRelease,
-    LeaseRequest,
-    NodeRegistered,
-    NodeRegistration,
-    PushResult,
-    TrajectoryPush,
-    VersionAnnouncement,
-)
-from astraflow.protocol.auth import ROLES, TokenDigests, TokenVerifier
+from astraflow.protocol import DecodeError
+from astraflow.protocol.auth import ROLES, TokenVerifier
 from astraflow.protocol.codec import JSON, MSGPACK
-from astraflow.protocol.status import DataflowStatus
 from astraflow.recipe.schema import Recipe
 
-REQUEST_MODELS = [
-    NodeRegistration,
-    Heartbeat,
-    LeaseRequest,
-    LeaseRelease,
-    TrajectoryPush,
-    BatchRequest,
-    BatchAck,
-    VersionAnnouncement,
-    EvaluationRequest,
-]
+REQUEST_MODELS = [route.body for route in ROUTES if route.body is not None]
 
 
 def _body(model) -> dict:
@@ -86,6 +58,49 @@ _ERRORS = {
     413: {"description": "Body larger than dataflow.max_body_mb"},
     422: {"description": "Malformed body; `fields` names the offending fields"},
 }
+
+
+def _endpoint(route: Route, api: Api, limit: int):
+    """A FastAPI endpoint for ``route``: decode the body, call the handler, encode the reply.
+
+    Its signature (request, path parameters, query parameters) is built from the route so that
+    FastAPI validates the query and documents all of them.
+    """
+
+    async def endpoint(request: Request, **params):
+        args = ()
+        if route.body is not None:
+            args = (route.decode(await read_body(request, limit), request_type(request), limit),)
+        result = await route.handler(api, *args, **params)
+        if route.reply is None:
+            return result
+        if route.raw_reply:
+            return respond_raw(request, result, route.reply)
+        return respond(request, result)
+
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter("request", kw, annotation=Request)]
+    params += [inspect.Parameter(name, kw, annotation=str) for name in route.path_params]
+    params += route.query
+    endpoint.__signature__ = inspect.Signature(params)
+    endpoint.__name__ = route.handler.__name__
+    endpoint.__doc__ = route.handler.__doc__
+    return endpoint
+
+
+def _add_route(app: FastAPI, route: Route, api: Api, limit: int) -> None:
+    guarded = route.path not in OPEN_PATHS
+    errors = {code: {"description": text} for code, text in route.errors.items()}
+    app.add_api_route(
+        route.path,
+        _endpoint(route, api, limit),
+        methods=[route.method],
+        tags=list(route.tags),
+        summary=route.summary,
+        response_model=(route.reply or dict) if route.document_reply else None,
+        openapi_extra=_body(route.body) if route.body is not None else None,
+        responses={**_ERRORS, **errors} if guarded else None,
+    )
 
 
 class DataflowApp(FastAPI):
@@ -149,10 +164,12 @@ def create_app(
         separate_input_output_schemas=False,
     )
     app.state.service = service
+    api = Api(service=service, verifier=verifier, recipe=config.recipe)
     # Outside FastAPI's own stack: the guard (auth, size) runs first on every request, then the
-    # fast path answers the hot msgpack routes; everything else goes through FastAPI.
+    # fast path answers the hot msgpack routes; everything else goes through FastAPI. Both are
+    # built from the one route table (routes.py).
     app.outer = GuardMiddleware(
-        FastPath(app.fastapi_call, service=service, max_body_bytes=limit),
+        FastPath(app.fastapi_call, ROUTES, api, max_body_bytes=limit),
         token=verifier,
         max_body_bytes=limit,
     )
@@ -178,164 +195,8 @@ def create_app(
         return error_response(request, exc.status_code, str(exc.detail), [])
 
     # -- routes -----------------------------------------------------------------------------
-    @app.get("/healthz", tags=["meta"], summary="Liveness (no token needed)")
-    async def healthz() -> dict:
-        return {"ok": True}
-
-    @app.post(
-        "/nodes/register",
-        tags=["nodes"],
-        response_model=NodeRegistered,
-        openapi_extra=_body(NodeRegistration),
-        responses=_ERRORS,
-    )
-    async def register(request: Request):
-        reg = await parse(request, NodeRegistration, limit)
-        return respond(request, await service.register(reg))
-
-    @app.post(
-        "/nodes/{node_id}/heartbeat",
-        tags=["nodes"],
-        response_model=HeartbeatReply,
-        openapi_extra=_body(Heartbeat),
-        responses={**_ERRORS, 404: {"description": "Unknown node"}},
-    )
-    async def heartbeat(node_id: str, request: Request):
-        hb = await parse(request, Heartbeat, limit)
-        return respond(request, await service.heartbeat(node_id, hb))
-
-    @app.delete(
-        "/nodes/{node_id}",
-        tags=["nodes"],
-        response_model=Ack,
-        responses={**_ERRORS, 404: {"description": "Unknown node"}},
-    )
-    async def deregister(node_id: str, request: Request):
-        return respond(request, await service.deregister(node_id))
-
-    @app.post(
-        "/leases",
-        tags=["leases"],
-        response_model=LeaseGrant,
-        openapi_extra=_body(LeaseRequest),
-        responses={**_ERRORS, 404: {"description": "Unknown node"}},
-    )
-    async def lease(request: Request):
-        req = await parse(request, LeaseRequest, limit)
-        return respond(request, await service.lease(req))
-
-    @app.post(
-        "/leases/release",
-        tags=["leases"],
-        response_model=Ack,
-        openapi_extra=_body(LeaseRelease),
-        responses={**_ERRORS, 404: {"description": "Unknown node or lease"}},
-    )
-    async def release(request: Request):
-        req = await parse(request, LeaseRelease, limit)
-        return respond(request, await service.release(req))
-
-    @app.post(
-        "/trajectories",
-        tags=["trajectories"],
-        response_model=PushResult,
-        openapi_extra=_body(TrajectoryPush),
-        responses=_ERRORS,
-        summary="Push episodes of a lease (idempotent by idempotency_key)",
-    )
-    async def push(request: Request):
-        if request_type(request) == MSGPACK:
-            req, packed = decode_push(await read_body(request, limit), limit)
-        else:
-            req, packed = await parse(request, TrajectoryPush, limit), {}
-        return respond(request, await service.push(req, packed))
-
-    @app.post(
-        "/batches",
-        tags=["batches"],
-        response_model=BatchReply,
-        openapi_extra=_body(BatchRequest),
-        responses=_ERRORS,
-        summary="Next batch for a trainer (long-polls up to wait_s)",
-    )
-    async def next_batch(request: Request):
-        req = await parse(request, BatchRequest, limit)
-        return respond_raw(request, await service.next_batch(req), BatchReply)
-
-    @app.post(
-        "/batches/{batch_id}/ack",
-        tags=["batches"],
-        response_model=Ack,
-        openapi_extra=_body(BatchAck),
-        responses={**_ERRORS, 404: {"description": "Unknown batch"}},
-    )
-    async def ack(batch_id: str, request: Request):
-        req = await parse(request, BatchAck, limit)
-        return respond(request, await service.ack(batch_id, req))
-
-    @app.post(
-        "/versions",
-        tags=["versions"],
-        response_model=Ack,
-        openapi_extra=_body(VersionAnnouncement),
-        responses=_ERRORS,
-    )
-    async def announce(request: Request):
-        req = await parse(request, VersionAnnouncement, limit)
-        return respond(request, await service.announce(req))
-
-    @app.post(
-        "/evaluations",
-        tags=["evaluations"],
-        response_model=EvaluationResult,
-        openapi_extra=_body(EvaluationRequest),
-        responses=_ERRORS,
-    )
-    async def request_evaluation(request: Request):
-        req = await parse(request, EvaluationRequest, limit)
-        return respond(request, await service.request_evaluation(req))
-
-    @app.get("/evaluations", tags=["evaluations"], response_model=EvaluationList, responses=_ERRORS)
-    async def list_evaluations(request: Request, policy: str | None = None):
-        return respond(request, EvaluationList(evaluations=await service.evaluations(policy)))
-
-    @app.get(
-        "/evaluations/{eval_id}",
-        tags=["evaluations"],
-        response_model=EvaluationResult,
-        responses={**_ERRORS, 404: {"description": "Unknown evaluation"}},
-    )
-    async def get_evaluation(eval_id: str, request: Request):
-        return respond(request, await service.evaluation(eval_id))
-
-    @app.get("/status", tags=["meta"], response_model=DataflowStatus, responses=_ERRORS)
-    async def status(
-        request: Request,
-        wait_done_s: float = Query(
-            0.0, ge=0.0, le=600.0, description="Long-poll: reply once the run is done, or then"
-        ),
-    ):
-        if wait_done_s > 0:
-            await service.wait_done(wait_done_s)
-        return respond(request, await service.status())
-
-    @app.get(
-        "/auth/verifiers",
-        tags=["meta"],
-        response_model=TokenDigests,
-        responses=_ERRORS,
-        summary="SHA-256 digests of the run's role tokens",
-    )
-    async def auth_verifiers(request: Request):
-        """Lets a trainer's weight server, which holds only a trainer token, check the node,
-        trainer and admin tokens that fetch weights (digests of derived tokens, never of the
-        secret)."""
-        return respond(request, verifier.digests())
-
-    @app.get("/recipe", tags=["meta"], summary="The run's resolved recipe", responses=_ERRORS)
-    async def get_recipe(request: Request):
-        """Lets a node join with only the URL and the token (``serve rollout --join``)."""
-        return respond_raw(request, config.recipe.model_dump(mode="json"), Recipe)
+    for route in ROUTES:
+        _add_route(app, route, api, limit)
 
     def openapi() -> dict:
         if app.openapi_schema:
@@ -357,7 +218,7 @@ def create_app(
         schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         for path, ops in schema.get("paths", {}).items():
             for op in ops.values():
-                if path != "/healthz":
+                if path not in OPEN_PATHS:
                     op["security"] = [{"bearer": []}]
                     op["x-roles"] = [r for r in ROLES if r in allowed_roles(path)]
         app.openapi_schema = schema

@@ -17,7 +17,7 @@ import json
 import statistics
 from collections import Counter
 
-from astraflow.dataflow import replays, state, timeline
+from astraflow.dataflow import replays, state, storage, timeline
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.errors import Invalid, NotFound
 from astraflow.dataflow.packed import unstore
@@ -121,7 +121,7 @@ def next_async_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
             tx.execute("UPDATE groups SET state='dropped' WHERE id=?", (g[1],))
             state.discard_token_arrays(tx, [g[1]])
             for reason, n in g_dropped.items():
-                state.count_drop(tx, req.policy, reason, n)
+                storage.tallies.drops.add(tx, req.policy, reason, n)
             dropped.update(g_dropped)
             continue
         chosen.append((g, kept, g_dropped))
@@ -140,7 +140,7 @@ def next_async_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
             tx.execute("UPDATE groups SET state='dropped' WHERE id=?", (g[1],))
             state.discard_token_arrays(tx, [g[1]])
             for reason, n in g_dropped.items():
-                state.count_drop(tx, req.policy, reason, n)
+                storage.tallies.drops.add(tx, req.policy, reason, n)
             dropped.update(g_dropped)
     return _create_batch(ctx, tx, req, chosen, dropped, None)
 
@@ -158,9 +158,7 @@ def next_round_batch(ctx: Context, tx: Tx, req: BatchRequest, round_: int) -> di
     """Lock-step mode: exactly round ``round_``'s groups, once every task of it is done."""
     if round_acked(tx, req.policy, round_):
         return None  # waiting for the other policies and version announcements
-    total, open_ = tx.one(
-        "SELECT COUNT(*), SUM(state != 'done') FROM tasks WHERE is_eval=0 AND round=?", (round_,)
-    )
+    total, open_ = storage.tasks.round_progress(tx, round_)
     if total == 0:
         if ctx.feeder.exhausted(tx):
             return reply(done=True, reason="task sets exhausted")
@@ -174,7 +172,7 @@ def next_round_batch(ctx: Context, tx: Tx, req: BatchRequest, round_: int) -> di
             tx.execute("UPDATE groups SET state='dropped' WHERE id=?", (g[1],))
             state.discard_token_arrays(tx, [g[1]])
             for reason, n in g_dropped.items():
-                state.count_drop(tx, req.policy, reason, n)
+                storage.tallies.drops.add(tx, req.policy, reason, n)
             dropped.update(g_dropped)
             continue
         chosen.append((g, kept, g_dropped))
@@ -189,7 +187,7 @@ def _create_batch(ctx, tx, req, chosen, dropped: Counter, round_) -> dict:
     for g, kept, g_dropped in chosen:
         mean, std = g[7], g[8]
         for reason, n in g_dropped.items():
-            state.count_drop(tx, req.policy, reason, n)
+            storage.tallies.drops.add(tx, req.policy, reason, n)
         dropped.update(g_dropped)
         entries = []
         for s in kept:
@@ -232,13 +230,13 @@ def _create_batch(ctx, tx, req, chosen, dropped: Counter, round_) -> dict:
         [(batch_id, g[1]) for g, _, _ in chosen],
     )
     if n_replayed:
-        state.count(tx, req.policy, "replayed_samples", n_replayed)
-        state.count(
+        storage.tallies.counters.add(tx, req.policy, "replayed_samples", n_replayed)
+        storage.tallies.counters.add(
             tx, req.policy, "replayed_groups", sum(replays.is_replay(g[1]) for g, _, _ in chosen)
         )
     if round_ is None and ctx.pipeline.replay is not None:
         pooled = replays.admit(ctx, tx, req.policy, [g[1] for g, _, _ in chosen])
-        state.count(tx, req.policy, "replay_pooled_groups", pooled)
+        storage.tallies.counters.add(tx, req.policy, "replay_pooled_groups", pooled)
     return reply(batch=assemble(tx, batch_id))
 
 
@@ -299,7 +297,7 @@ def assemble(tx: Tx, batch_id: str) -> dict:
 
 
 def ack(ctx: Context, tx: Tx, batch_id: str, req: BatchAck) -> Ack:
-    cached = state.remembered(tx, req.idempotency_key, "ack")
+    cached = storage.idempotency.remembered(tx, req.idempotency_key, "ack")
     if cached is not None:
         return Ack.model_validate(state.unpack(cached))
     now = ctx.now()
@@ -316,7 +314,7 @@ def ack(ctx: Context, tx: Tx, batch_id: str, req: BatchAck) -> Ack:
         tx.execute("UPDATE batches SET state='skipped', acked_at=? WHERE id=?", (now, batch_id))
         groups = [r[0] for r in tx.execute("SELECT id FROM groups WHERE batch_id=?", (batch_id,))]
         state.discard_token_arrays(tx, groups)
-        state.count_drop(tx, policy, "untrainable_batch")
+        storage.tallies.drops.add(tx, policy, "untrainable_batch")
         result = Ack(ok=True, detail="batch consumed without a step", at=now)
     else:
         step = state.steps(tx).get(policy, 0) + 1
@@ -349,8 +347,8 @@ def ack(ctx: Context, tx: Tx, batch_id: str, req: BatchAck) -> Ack:
                 "dropped": summary["dropped"],
                 # every drop so far by reason (ingestion filters included), and the nodes'
                 # throughput and weight-sync times: experiment trackers read them from here
-                "drops_total": state.drops(tx).get(policy, {}),
-                "nodes": state.node_metrics(tx),
+                "drops_total": storage.tallies.drops.by_policy(tx).get(policy, {}),
+                "nodes": storage.nodes.active_metrics(tx),
                 "replayed": summary.get("replayed", 0),
                 "metrics": req.metrics,
                 "time": now,
@@ -358,5 +356,7 @@ def ack(ctx: Context, tx: Tx, batch_id: str, req: BatchAck) -> Ack:
         )
         result = Ack(ok=True, detail=f"step {step} of {policy!r} recorded", at=now)
         ctx.mode.advance(ctx, tx)
-    state.remember(tx, req.idempotency_key, "ack", state.pack(result.model_dump()), now)
+    storage.idempotency.remember(
+        tx, req.idempotency_key, "ack", state.pack(result.model_dump()), now
+    )
     return result

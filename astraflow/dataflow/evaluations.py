@@ -10,17 +10,17 @@ one is outstanding.
 
 from __future__ import annotations
 
-from astraflow.dataflow import state
+from astraflow.dataflow import state, storage
 from astraflow.dataflow.config import EVAL_PRIORITY
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.errors import Invalid, NotFound
-from astraflow.dataflow.feeder import insert_tasks, task_row
+from astraflow.dataflow.feeder import task_row
 from astraflow.dataflow.store import Tx
 from astraflow.protocol import Episode, EvaluationRequest, EvaluationResult, Task, new_id
 
 
 def request(ctx: Context, tx: Tx, req: EvaluationRequest, loader=None) -> EvaluationResult:
-    cached = state.remembered(tx, req.idempotency_key, "evaluation")
+    cached = storage.idempotency.remembered(tx, req.idempotency_key, "evaluation")
     if cached is not None:
         return get(tx, str(state.unpack(cached)))
     recipe = ctx.config.recipe
@@ -68,22 +68,12 @@ def request(ctx: Context, tx: Tx, req: EvaluationRequest, loader=None) -> Evalua
             meta=meta,
         )
         rows.append(task_row(task, now))
-    insert_tasks(tx, rows)
-    tx.execute(
-        "INSERT INTO evaluations(id, policy, version, step, task_set, split, num_tasks, "
-        "created_at) VALUES(?,?,?,?,?,?,?,?)",
-        (
-            eval_id,
-            req.policy,
-            req.version,
-            req.step if req.step is not None else req.version,
-            task_set,
-            split,
-            len(rows),
-            now,
-        ),
+    storage.tasks.insert(tx, rows)
+    step = req.step if req.step is not None else req.version
+    storage.evaluations.insert(
+        tx, eval_id, req.policy, req.version, step, task_set, split, len(rows), now
     )
-    state.remember(tx, req.idempotency_key, "evaluation", state.pack(eval_id), now)
+    storage.idempotency.remember(tx, req.idempotency_key, "evaluation", state.pack(eval_id), now)
     return get(tx, eval_id)
 
 
@@ -93,15 +83,11 @@ def record_eval_episode(ctx: Context, tx: Tx, eval_id: str, policy: str, ep: Epi
     else:
         role_rewards = [r for role, r in ep.rewards.items() if ctx.config.roles.get(role) == policy]
         reward, error = (sum(role_rewards) / len(role_rewards) if role_rewards else 0.0), 0
-    tx.execute(
-        "UPDATE evaluations SET completed = completed + 1, errors = errors + ?, "
-        "reward_sum = reward_sum + ? WHERE id=?",
-        (error, reward, eval_id),
-    )
-    row = tx.one("SELECT completed, num_tasks, finished_at FROM evaluations WHERE id=?", (eval_id,))
+    storage.evaluations.add_episode(tx, eval_id, error, reward)
+    row = storage.evaluations.progress(tx, eval_id)
     if row and row[0] >= row[1] and row[2] is None:
         now = ctx.now()
-        tx.execute("UPDATE evaluations SET finished_at=? WHERE id=?", (now, eval_id))
+        storage.evaluations.mark_finished(tx, eval_id, now)
         result = get(tx, eval_id)
         ctx.metrics.record(
             tx,
@@ -120,13 +106,8 @@ def record_eval_episode(ctx: Context, tx: Tx, eval_id: str, policy: str, ep: Epi
         )
 
 
-_COLUMNS = (
-    "id, policy, version, step, task_set, split, num_tasks, completed, errors, reward_sum, "
-    "created_at, finished_at"
-)
-
-
 def _result(row: tuple) -> EvaluationResult:
+    """An evaluation row (:data:`storage.evaluations.COLUMNS`) as the wire type."""
     (
         eid,
         policy,
@@ -159,17 +140,11 @@ def _result(row: tuple) -> EvaluationResult:
 
 
 def get(tx: Tx, eval_id: str) -> EvaluationResult:
-    row = tx.one(f"SELECT {_COLUMNS} FROM evaluations WHERE id=?", (eval_id,))
+    row = storage.evaluations.get(tx, eval_id)
     if row is None:
         raise NotFound(f"unknown evaluation {eval_id!r}", "eval_id")
     return _result(row)
 
 
 def list_all(tx: Tx, policy: str | None = None) -> list[EvaluationResult]:
-    if policy:
-        rows = tx.execute(
-            f"SELECT {_COLUMNS} FROM evaluations WHERE policy=? ORDER BY created_at", (policy,)
-        ).fetchall()
-    else:
-        rows = tx.execute(f"SELECT {_COLUMNS} FROM evaluations ORDER BY created_at").fetchall()
-    return [_result(r) for r in rows]
+    return [_result(r) for r in storage.evaluations.list_rows(tx, policy)]

@@ -1,79 +1,64 @@
-"""Raw-ASGI serving of the hottest msgpack routes: trajectory pushes, leases and heartbeats.
+"""Raw-ASGI serving of the routes the table marks ``fast``: trajectory pushes, leases, heartbeats.
 
 Why: under load, FastAPI's per-request machinery (middleware stack, routing, dependency solving,
-response objects) cost as much CPU as the work itself. These three routes carry nearly all of the
+response objects) cost as much CPU as the work itself. These routes carry nearly all of the
 traffic from rollout nodes, so when a request is msgpack both ways it is decoded, executed and
-answered here, with exactly the same validation (:mod:`astraflow.protocol.codec`,
-:mod:`astraflow.dataflow.packed`), semantics (:class:`DataflowService`) and error bodies as the
-FastAPI routes, which still serve JSON and document the API in OpenAPI.
+answered here. The route itself (decoder, handler, reply type) comes from the same
+:data:`~astraflow.dataflow.routes.ROUTES` entry that FastAPI serves, with the same content
+negotiation and error bodies (:mod:`astraflow.dataflow.http`), so only the plumbing differs.
 """
 
 from __future__ import annotations
 
-import re
-
-import msgpack
+from collections.abc import Iterable
 
 from astraflow.dataflow.errors import DataflowError
-from astraflow.dataflow.packed import decode_push
-from astraflow.dataflow.service import DataflowService
-from astraflow.protocol import Heartbeat, LeaseRequest
-from astraflow.protocol.codec import MSGPACK, BodyTooLarge, DecodeError, decode, encode
+from astraflow.dataflow.http import error_body, negotiate, reply_body
+from astraflow.dataflow.routes import Api, Route
+from astraflow.protocol.codec import MSGPACK, BodyTooLarge, DecodeError
 
-_HEARTBEAT = re.compile(r"^/nodes/([^/]+)/heartbeat$")
 _MSGPACK = MSGPACK.encode()
-_JSON = b"application/json"
-
-
-def _wants_msgpack(scope) -> bool:
-    ctype = accept = b""
-    for key, value in scope["headers"]:
-        if key == b"content-type":
-            ctype = value
-        elif key == b"accept":
-            accept = value
-    if not ctype.startswith(_MSGPACK):
-        return False
-    return _MSGPACK in accept or _JSON not in accept
 
 
 class FastPath:
-    def __init__(self, app, service: DataflowService, max_body_bytes: int) -> None:
+    def __init__(self, app, routes: Iterable[Route], api: Api, max_body_bytes: int) -> None:
         self.app = app
-        self.service = service
+        self.api = api
         self.limit = max_body_bytes
+        self.routes = tuple(r for r in routes if r.fast)
+        self.methods = frozenset(r.method for r in self.routes)
+
+    def _match(self, method: str, path: str) -> tuple[Route, dict[str, str]] | None:
+        for route in self.routes:
+            if route.method == method:
+                match = route.pattern.match(path)
+                if match:
+                    return route, match.groupdict()
+        return None
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and _wants_msgpack(scope):
-            path = scope["path"]
-            if path == "/trajectories":
-                return await self._serve(receive, send, self._push)
-            if path == "/leases":
-                return await self._serve(receive, send, self._lease)
-            match = _HEARTBEAT.match(path)
-            if match:
-                return await self._serve(receive, send, self._heartbeat, match.group(1))
+        if (
+            scope["type"] == "http"
+            and scope["method"] in self.methods
+            and negotiate(scope) == (MSGPACK, MSGPACK)
+        ):
+            found = self._match(scope["method"], scope["path"])
+            if found is not None:
+                return await self._serve(*found, receive, send)
         await self.app(scope, receive, send)
 
-    async def _push(self, body: bytes):
-        req, packed = decode_push(body, self.limit)
-        return await self.service.push(req, packed)
-
-    async def _lease(self, body: bytes):
-        return await self.service.lease(decode(LeaseRequest, body, MSGPACK, self.limit))
-
-    async def _heartbeat(self, body: bytes, node_id: str):
-        return await self.service.heartbeat(node_id, decode(Heartbeat, body, MSGPACK, self.limit))
-
-    async def _serve(self, receive, send, handler, *args) -> None:
+    async def _serve(self, route: Route, params: dict[str, str], receive, send) -> None:
         try:
-            body = await self._read(receive)
-            payload, status = encode(await handler(body, *args), MSGPACK), 200
+            body = route.decode(await self._read(receive), MSGPACK, self.limit)
+            args = (body,) if route.body is not None else ()
+            result = await route.handler(self.api, *args, **params)
+            raw_model = route.reply if route.raw_reply else None
+            payload, status = reply_body(result, MSGPACK, raw_model), 200
         except DecodeError as exc:
-            payload, status = msgpack.packb({"detail": str(exc), "fields": exc.fields}), exc.status
+            payload, status = error_body(str(exc), exc.fields, MSGPACK), exc.status
         except DataflowError as exc:
             fields = [exc.field] if exc.field else []
-            payload, status = msgpack.packb({"detail": str(exc), "fields": fields}), exc.status
+            payload, status = error_body(str(exc), fields, MSGPACK), exc.status
         await send(
             {
                 "type": "http.response.start",

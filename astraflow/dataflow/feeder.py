@@ -12,6 +12,7 @@ import random
 
 import msgpack
 
+from astraflow.dataflow import storage
 from astraflow.dataflow.config import ServiceConfig
 from astraflow.dataflow.policies import Pipeline
 from astraflow.dataflow.policies.selection import draw_set, pick_set
@@ -58,7 +59,7 @@ class TaskFeeder:
         return self._orders[key]
 
     def _cursor(self, tx: Tx) -> dict[str, list[int]]:
-        rows = tx.execute("SELECT task_set, epoch, position, emitted FROM feeder").fetchall()
+        rows = storage.feeder.cursors(tx)
         cur = {r[0]: [r[1], r[2], r[3]] for r in rows}
         for name in self.sets:
             cur.setdefault(name, [0, 0, 0])
@@ -114,13 +115,8 @@ class TaskFeeder:
                 epoch, pos = epoch + 1, 0
             cur[name] = [epoch, pos, emitted + 1]
         if rows:
-            insert_tasks(tx, rows)
-        tx.executemany(
-            "INSERT INTO feeder(task_set, epoch, position, emitted) VALUES(?,?,?,?) "
-            "ON CONFLICT(task_set) DO UPDATE SET epoch=excluded.epoch, "
-            "position=excluded.position, emitted=excluded.emitted",
-            [(k, *v) for k, v in cur.items()],
-        )
+            storage.tasks.insert(tx, rows)
+        storage.feeder.save(tx, cur)
         return len(rows)
 
 
@@ -160,15 +156,6 @@ def task_row(task: Task, now: float, *, round_: int | None = None) -> tuple:
         meta.get("min_version") if is_eval else None,
         round_,
         now,
-    )
-
-
-def insert_tasks(tx: Tx, rows: list[tuple]) -> None:
-    """Insert task rows; an id already present is skipped (idempotent enqueue)."""
-    tx.executemany(
-        "INSERT OR IGNORE INTO tasks(id, body, task_set, priority, deadline, group_size, is_eval, "
-        "eval_id, eval_policy, min_version, round, created_at) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)",
-        rows,
     )
 
 

@@ -9,7 +9,7 @@ validation path, token arrays stay packed bytes, and a 422 names the offending f
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from typing import Any
 
 import msgpack
 from fastapi import Request
@@ -18,9 +18,7 @@ from pydantic import BaseModel
 
 from astraflow.dataflow.access import allowed_roles
 from astraflow.protocol.auth import TokenVerifier, bearer, roles_phrase
-from astraflow.protocol.codec import JSON, MSGPACK, BodyTooLarge, decode, encode
-
-M = TypeVar("M", bound=BaseModel)
+from astraflow.protocol.codec import JSON, MSGPACK, BodyTooLarge, encode
 
 #: Paths reachable without a token.
 OPEN_PATHS = frozenset({"/healthz"})
@@ -111,49 +109,57 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def request_type(request: Request) -> str:
-    ctype = request.headers.get("content-type", "")
-    return (
+def negotiate(scope: dict) -> tuple[str, str]:
+    """(request body type, reply type) of a request, from its Content-Type and Accept headers.
+
+    One function for FastAPI's routes and the raw-ASGI fast path, so both pick the same types.
+    """
+    ctype = (_header(scope, b"content-type") or b"").decode("latin-1")
+    accept = (_header(scope, b"accept") or b"").decode("latin-1")
+    request = (
         MSGPACK if ctype.startswith(MSGPACK) or ctype.startswith("application/x-msgpack") else JSON
     )
+    if MSGPACK in accept or "application/x-msgpack" in accept:
+        return request, MSGPACK
+    if JSON in accept:
+        return request, JSON
+    return request, request
 
 
-async def parse(request: Request, cls: type[M], limit: int) -> M:
-    body = await read_body(request, limit)
-    if not body:
-        body = b"{}" if request_type(request) == JSON else msgpack.packb({})
-    return decode(cls, body, request_type(request), max_bytes=limit)
+def request_type(request: Request) -> str:
+    return negotiate(request.scope)[0]
 
 
 def reply_type(request: Request) -> str:
-    accept = request.headers.get("accept", "")
-    if MSGPACK in accept or "application/x-msgpack" in accept:
-        return MSGPACK
-    if JSON in accept:
-        return JSON
-    return request_type(request)
+    return negotiate(request.scope)[1]
+
+
+def reply_body(result: Any, ctype: str, raw_model: type[BaseModel] | None = None) -> bytes:
+    """A reply's bytes: a protocol model, or (``raw_model`` given) a wire dict whose arrays are
+    already packed (msgpack: sent as is; JSON: validated as ``raw_model``, arrays as lists)."""
+    if raw_model is None:
+        return encode(result, ctype)
+    if ctype == MSGPACK:
+        return msgpack.packb(result, use_bin_type=True)
+    return raw_model.model_validate(result).model_dump_json().encode()
+
+
+def error_body(detail: str, fields: list[str], ctype: str) -> bytes:
+    body = {"detail": detail, "fields": fields}
+    return msgpack.packb(body) if ctype == MSGPACK else json.dumps(body).encode()
 
 
 def respond(request: Request, model: BaseModel, status: int = 200) -> Response:
     ctype = reply_type(request)
-    return Response(encode(model, ctype), status_code=status, media_type=ctype)
+    return Response(reply_body(model, ctype), status_code=status, media_type=ctype)
 
 
 def respond_raw(request: Request, data: Any, model: type[BaseModel], status: int = 200) -> Response:
     """Reply with a wire dict whose arrays are already packed (msgpack fast path)."""
     ctype = reply_type(request)
-    if ctype == MSGPACK:
-        return Response(
-            msgpack.packb(data, use_bin_type=True), status_code=status, media_type=MSGPACK
-        )
-    return Response(
-        model.model_validate(data).model_dump_json(), status_code=status, media_type=JSON
-    )
+    return Response(reply_body(data, ctype, model), status_code=status, media_type=ctype)
 
 
 def error_response(request: Request, status: int, detail: str, fields: list[str]) -> Response:
-    body = {"detail": detail, "fields": fields}
     ctype = reply_type(request)
-    if ctype == MSGPACK:
-        return Response(msgpack.packb(body), status_code=status, media_type=MSGPACK)
-    return Response(json.dumps(body), status_code=status, media_type=JSON)
+    return Response(error_body(detail, fields, ctype), status_code=status, media_type=ctype)

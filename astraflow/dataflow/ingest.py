@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import statistics
 
-from astraflow.dataflow import adaptive, state
+from astraflow.dataflow import adaptive, state, storage
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.evaluations import record_eval_episode
 from astraflow.dataflow.packed import PackedArrays
@@ -39,7 +39,7 @@ def push(
 ) -> PushResult:
     """Ingest ``req``; ``packed`` holds arrays that arrived packed (see :mod:`.packed`)."""
     packed = packed or {}
-    cached = state.remembered(tx, req.idempotency_key, "push")
+    cached = storage.idempotency.remembered(tx, req.idempotency_key, "push")
     if cached is not None:
         result = PushResult.model_validate(state.unpack(cached))
         result.duplicate = True
@@ -48,12 +48,12 @@ def push(
 
     def reject(reason: str) -> PushResult:
         result = PushResult(accepted=False, reason=reason)
-        state.remember(tx, req.idempotency_key, "push", state.pack(result.model_dump()), now)
+        storage.idempotency.remember(
+            tx, req.idempotency_key, "push", state.pack(result.model_dump()), now
+        )
         return result
 
-    lease = tx.one(
-        "SELECT task_id, node_id, state, episodes FROM leases WHERE id=?", (req.lease_id,)
-    )
+    lease = storage.leases.for_push(tx, req.lease_id)
     if lease is None:
         return reject(f"unknown lease {req.lease_id!r}")
     task_id, lease_node, lease_state, lease_episodes = lease
@@ -61,11 +61,7 @@ def push(
         return reject(
             f"lease {req.lease_id!r} was granted to node {lease_node!r}, not {req.node_id!r}"
         )
-    task = tx.one(
-        "SELECT state, winner, group_size, is_eval, eval_id, eval_policy, round, task_set, "
-        "priority, deadline FROM tasks WHERE id=?",
-        (task_id,),
-    )
+    task = storage.tasks.for_push(tx, task_id)
     t_state, winner, group_size, is_eval, eval_id, eval_policy = task[:6]
     if t_state == "done":
         if winner == req.lease_id:
@@ -111,16 +107,14 @@ def push(
                 for j, t in enumerate(ep.trajectories)
             ]
             n_samples += _insert_samples(ctx, tx, ep, req.lease_id, arrays)
-    tx.execute(
-        "UPDATE leases SET episodes = episodes + ? WHERE id=?", (len(req.episodes), req.lease_id)
-    )
-    tx.execute(
-        "UPDATE nodes SET episodes = episodes + ? WHERE id=?", (len(req.episodes), req.node_id)
-    )
+    storage.leases.add_episodes(tx, req.lease_id, len(req.episodes))
+    storage.nodes.add_episodes(tx, req.node_id, len(req.episodes))
     if lease_episodes + len(req.episodes) == group_size:
         _complete(ctx, tx, task_id, req.lease_id, task)
     result = PushResult(accepted=True, samples=n_samples)
-    state.remember(tx, req.idempotency_key, "push", state.pack(result.model_dump()), now)
+    storage.idempotency.remember(
+        tx, req.idempotency_key, "push", state.pack(result.model_dump()), now
+    )
     return result
 
 
@@ -151,13 +145,13 @@ def _insert_samples(
         reason = "env_timeout" if ep.finish_reason == "env_timeout" else "episode_error"
         for policy in ctx.config.workflow_policies:
             if ctx.config.is_trainable(policy):
-                state.count_drop(tx, policy, reason)
+                storage.tallies.drops.add(tx, policy, reason)
         return 0
     rows = []
     for traj, a in zip(ep.trajectories, arrays, strict=True):
         policy = roles[traj.role]
         if not ctx.config.is_trainable(policy):
-            state.count_drop(tx, policy, "frozen_policy")
+            storage.tallies.drops.add(tx, policy, "frozen_policy")
             continue
         rows.append(
             (
@@ -207,23 +201,14 @@ def _complete(ctx: Context, tx: Tx, task_id: str, lease_id: str, task: tuple) ->
     now = ctx.now()
     round_, task_set, priority, deadline = task[6:10]
     is_eval = bool(task[3])
-    tx.execute(
-        "UPDATE tasks SET state='done', winner=?, done_at=? WHERE id=?", (lease_id, now, task_id)
-    )
-    tx.execute("UPDATE leases SET state='finished' WHERE id=?", (lease_id,))
-    losers = [
-        r[0]
-        for r in tx.execute(
-            "SELECT id FROM leases WHERE task_id=? AND id != ? AND state != 'superseded'",
-            (task_id, lease_id),
-        ).fetchall()
-    ]
-    for loser in losers:
-        tx.execute("UPDATE leases SET state='superseded' WHERE id=?", (loser,))
+    storage.tasks.finish(tx, task_id, lease_id, now)
+    storage.leases.mark_finished(tx, lease_id)
+    for loser in storage.leases.others_of_task(tx, task_id, lease_id):
+        storage.leases.mark_superseded(tx, loser)
         for policy, n in tx.execute(
             "SELECT policy, COUNT(*) FROM samples WHERE lease_id=? GROUP BY policy", (loser,)
         ).fetchall():
-            state.count_drop(tx, policy, "superseded", n)
+            storage.tallies.drops.add(tx, policy, "superseded", n)
         tx.execute("DELETE FROM samples WHERE lease_id=?", (loser,))
     if is_eval:
         return
@@ -254,7 +239,7 @@ def _complete(ctx: Context, tx: Tx, task_id: str, lease_id: str, task: tuple) ->
             if reason:
                 break
         if reason:
-            state.count_drop(tx, policy, reason, len(samples))
+            storage.tallies.drops.add(tx, policy, reason, len(samples))
         tx.execute(
             "INSERT INTO groups(id, task_id, policy, task_set, round, size, reward_mean, "
             "reward_std, min_version, priority, deadline, state, created_at) "

@@ -8,9 +8,7 @@ so another node can run it. The first lease to deliver the whole group wins the 
 
 from __future__ import annotations
 
-import json
-
-from astraflow.dataflow import adaptive, state
+from astraflow.dataflow import adaptive, state, storage
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.errors import DataflowError, Invalid, NotFound
 from astraflow.dataflow.feeder import load_task
@@ -33,12 +31,10 @@ MAX_CANDIDATES = 20_000
 def expire_overdue(ctx: Context, tx: Tx) -> int:
     """Expire active leases past their deadline and put their unfinished tasks back."""
     now = ctx.now()
-    rows = tx.execute(
-        "SELECT id, task_id FROM leases WHERE state='active' AND deadline < ?", (now,)
-    ).fetchall()
+    rows = storage.leases.overdue(tx, now)
     if not rows:
         return 0
-    tx.executemany("UPDATE leases SET state='expired' WHERE id=?", [(r[0],) for r in rows])
+    storage.leases.expire(tx, [r[0] for r in rows])
     for task_id in {r[1] for r in rows}:
         requeue_if_orphaned(tx, task_id)
     wake_after_commit(ctx, tx)
@@ -55,11 +51,8 @@ def wake_after_commit(ctx: Context, tx: Tx) -> None:
 
 
 def requeue_if_orphaned(tx: Tx, task_id: str) -> None:
-    active = tx.scalar(
-        "SELECT COUNT(*) FROM leases WHERE task_id=? AND state='active'", (task_id,), 0
-    )
-    if not active:
-        tx.execute("UPDATE tasks SET state='pending' WHERE id=? AND state='leased'", (task_id,))
+    if not storage.leases.active_count_of_task(tx, task_id):
+        storage.tasks.requeue(tx, task_id)
 
 
 def nodes_done(ctx: Context, tx: Tx) -> bool:
@@ -81,20 +74,14 @@ def touch_node(
     Re-attempts of a parked lease request pass ``update=False``: the request already touched the
     node when it arrived (heartbeats keep it alive meanwhile), and a read-only attempt commits
     without writing to the WAL."""
-    row = tx.one("SELECT state FROM nodes WHERE id=?", (node_id,))
-    if row is None:
+    node_state = storage.nodes.state(tx, node_id)
+    if node_state is None:
         raise NotFound(f"unknown node {node_id!r}; register with POST /nodes first", "node_id")
-    if row[0] != "active":
+    if node_state != "active":
         raise NotFound(f"node {node_id!r} has deregistered; register again", "node_id")
     if not update:
         return
-    if versions:
-        tx.execute(
-            "UPDATE nodes SET last_heartbeat=?, versions=? WHERE id=?",
-            (ctx.now(), json.dumps(versions), node_id),
-        )
-    else:
-        tx.execute("UPDATE nodes SET last_heartbeat=? WHERE id=?", (ctx.now(), node_id))
+    storage.nodes.touch(tx, node_id, ctx.now(), versions)
 
 
 def _admission(ctx: Context, req: LeaseRequest, latest: dict[str, int]) -> str | None:
@@ -140,12 +127,7 @@ def buffer_room(ctx: Context, tx: Tx) -> tuple[int, str | None]:
     steps = ctx.config.recipe.dataflow.buffer_steps
     if not steps or not ctx.config.trainable:
         return 1 << 30, None
-    in_flight = tx.scalar(
-        "SELECT COUNT(*) FROM leases l JOIN tasks t ON t.id = l.task_id "
-        "WHERE l.state='active' AND t.is_eval=0",
-        (),
-        0,
-    )
+    in_flight = storage.leases.in_flight_training(tx)
     ready = dict(
         tx.execute(
             "SELECT policy, COUNT(*) FROM groups WHERE state='ready' GROUP BY policy"
@@ -172,11 +154,7 @@ def buffer_room(ctx: Context, tx: Tx) -> tuple[int, str | None]:
 def _eval_candidates(tx: Tx, req: LeaseRequest, limit: int) -> list[tuple]:
     if not req.versions:
         return []
-    rows = tx.execute(
-        "SELECT seq, id, body, eval_policy, min_version, priority FROM tasks "
-        "WHERE state='pending' AND is_eval=1 ORDER BY priority DESC, seq LIMIT ?",
-        (MAX_CANDIDATES,),
-    ).fetchall()
+    rows = storage.tasks.pending_evaluations(tx, MAX_CANDIDATES)
     out = [r for r in rows if req.versions.get(r[3], -1) >= (r[4] or 0)]
     return out[:limit]
 
@@ -184,29 +162,19 @@ def _eval_candidates(tx: Tx, req: LeaseRequest, limit: int) -> list[tuple]:
 def _training_candidates(ctx: Context, tx: Tx, want: int, round_: int | None) -> list[tuple]:
     """Up to ``want`` pending training tasks in the task order, after the gates (predictive
     skipping, late deadlines) had their say; skipped tasks are replaced from the feeder."""
-    cols = "seq, id, body, task_set, priority, deadline, group_size"
     order = ctx.pipeline.task_order
     chosen: list[tuple] = []
     # each pass skips at least one task or returns; the bound only stops a gate skipping everything
     for _ in range(64):
         need_now = want - len(chosen)
         if round_ is None:
-            pending = tx.scalar(
-                "SELECT COUNT(*) FROM tasks WHERE state='pending' AND is_eval=0", (), 0
-            )
+            pending = storage.tasks.pending_training_count(tx)
             need = need_now + ctx.config.task_window
             if pending < need:
                 ctx.feeder.enqueue(tx, need - pending)
-            rows = tx.execute(
-                f"SELECT {cols} FROM tasks WHERE state='pending' AND is_eval=0 ORDER BY seq LIMIT ?",
-                (MAX_CANDIDATES,),
-            ).fetchall()
+            rows = storage.tasks.pending_training(tx, MAX_CANDIDATES)
         else:
-            rows = tx.execute(
-                f"SELECT {cols} FROM tasks WHERE state='pending' AND is_eval=0 AND round=? "
-                "ORDER BY seq",
-                (round_,),
-            ).fetchall()
+            rows = storage.tasks.pending_training_of_round(tx, round_)
         taken = {r[1] for r in chosen}
         rows = [r for r in rows if r[1] not in taken]
         rows.sort(key=lambda r: order.sort_key(TaskView(r[1], r[3], r[0], r[4], r[5])))
@@ -243,13 +211,13 @@ def serve(
     without another scan.
     """
     expire_overdue(ctx, tx)
-    latest = state.latest_versions(tx)
-    locations = state.weight_locations(tx)
+    latest = storage.versions.latest_versions(tx)
+    locations = storage.versions.weight_locations(tx)
     done = nodes_done(ctx, tx)
     empty: dict[tuple, LeaseGrant] = {}
     outcomes: list[LeaseGrant | Exception] = []
     for req in reqs:
-        cached = state.remembered(tx, req.idempotency_key, "lease")
+        cached = storage.idempotency.remembered(tx, req.idempotency_key, "lease")
         if cached is not None:
             outcomes.append(LeaseGrant.model_validate(state.unpack(cached)))
             continue
@@ -332,12 +300,8 @@ def _attempt(
             issued_at=now,
             versions=dict(req.versions),
         )
-        tx.execute(
-            "INSERT INTO leases(id, task_id, node_id, issued_at, deadline, state, versions) "
-            "VALUES(?,?,?,?,?,'active',?)",
-            (lease.id, task.id, req.node_id, now, lease.deadline, json.dumps(req.versions)),
-        )
-        tx.execute("UPDATE tasks SET state='leased' WHERE id=?", (task.id,))
+        storage.leases.insert(tx, lease.id, task.id, req.node_id, now, lease.deadline, req.versions)
+        storage.tasks.mark_leased(tx, task.id)
         reply.leases.append(lease)
     if len(reply.leases) < req.max_tasks and reason is None:
         exhausted = ctx.feeder.exhausted(tx)
@@ -357,7 +321,7 @@ def _remember(ctx: Context, tx: Tx, req: LeaseRequest, reply: LeaseGrant) -> Non
     Empty replies are not kept: recomputing one hands out nothing twice, and a parked request's
     re-attempts must not be answered from an earlier empty attempt."""
     if req.idempotency_key:
-        state.remember(
+        storage.idempotency.remember(
             tx, req.idempotency_key, "lease", state.pack(reply.model_dump(mode="json")), ctx.now()
         )
 
@@ -365,35 +329,23 @@ def _remember(ctx: Context, tx: Tx, req: LeaseRequest, reply: LeaseGrant) -> Non
 def heartbeat(ctx: Context, tx: Tx, node_id: str, hb: Heartbeat) -> HeartbeatReply:
     touch_node(ctx, tx, node_id, hb.versions)
     if hb.metrics:
-        tx.execute("UPDATE nodes SET metrics=? WHERE id=?", (json.dumps(hb.metrics), node_id))
+        storage.nodes.set_metrics(tx, node_id, hb.metrics)
     expire_overdue(ctx, tx)
     now = ctx.now()
-    renewed = [
-        r[0]
-        for r in tx.execute(
-            "SELECT id FROM leases WHERE node_id=? AND state='active'", (node_id,)
-        ).fetchall()
-    ]
-    tx.execute(
-        "UPDATE leases SET deadline=? WHERE node_id=? AND state='active'",
-        (now + ctx.config.lease_timeout_s, node_id),
-    )
+    renewed = storage.leases.active_of_node(tx, node_id)
+    storage.leases.extend_node(tx, node_id, now + ctx.config.lease_timeout_s)
     lost = []
     for lease_id in hb.in_flight:
-        row = tx.one(
-            "SELECT l.state, t.state, t.winner FROM leases l JOIN tasks t ON t.id = l.task_id "
-            "WHERE l.id=? AND l.node_id=?",
-            (lease_id, node_id),
-        )
+        row = storage.leases.with_task_state(tx, lease_id, node_id)
         if row is None or row[0] in ("superseded", "released"):
             lost.append(lease_id)
         elif row[1] == "done" and row[2] != lease_id:
             lost.append(lease_id)
     return HeartbeatReply(
-        latest_versions=state.latest_versions(tx),
+        latest_versions=storage.versions.latest_versions(tx),
         renewed=renewed,
         lost=lost,
-        weight_locations=state.weight_locations(tx),
+        weight_locations=storage.versions.weight_locations(tx),
         stop=nodes_done(ctx, tx),
     )
 
@@ -403,13 +355,13 @@ def release(ctx: Context, tx: Tx, req: LeaseRelease) -> int:
     touch_node(ctx, tx, req.node_id, None)
     released = 0
     for lease_id in req.lease_ids:
-        row = tx.one("SELECT node_id, task_id, state FROM leases WHERE id=?", (lease_id,))
+        row = storage.leases.get(tx, lease_id)
         if row is None:
             raise NotFound(f"unknown lease {lease_id!r}", "lease_ids")
         if row[0] != req.node_id:
             raise Invalid(f"lease {lease_id!r} belongs to another node", "lease_ids")
         if row[2] == "active":
-            tx.execute("UPDATE leases SET state='released' WHERE id=?", (lease_id,))
+            storage.leases.mark_released(tx, lease_id)
             requeue_if_orphaned(tx, row[1])
             released += 1
     if released:
@@ -418,7 +370,5 @@ def release(ctx: Context, tx: Tx, req: LeaseRelease) -> int:
 
 
 def release_node(ctx: Context, tx: Tx, node_id: str) -> int:
-    rows = tx.execute(
-        "SELECT id FROM leases WHERE node_id=? AND state='active'", (node_id,)
-    ).fetchall()
-    return release(ctx, tx, LeaseRelease(node_id=node_id, lease_ids=[r[0] for r in rows]))
+    lease_ids = storage.leases.active_of_node(tx, node_id)
+    return release(ctx, tx, LeaseRelease(node_id=node_id, lease_ids=lease_ids))

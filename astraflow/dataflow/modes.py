@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from astraflow.dataflow import batching, leases, state
+from astraflow.dataflow import batching, leases, storage
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.store import Tx
 from astraflow.protocol import BatchRequest, LeaseRequest
@@ -123,7 +123,7 @@ class LockStep:
         """Start round r+1 once every trainable policy acked round r's batch and announced
         version r+1."""
         round_ = self.round(tx)
-        latest = state.latest_versions(tx)
+        latest = storage.versions.latest_versions(tx)
         for p in ctx.config.trainable:
             if not batching.round_acked(tx, p, round_):
                 return

@@ -12,7 +12,7 @@ they grow too stale (then they are dropped and freed).
 
 from __future__ import annotations
 
-from astraflow.dataflow import state
+from astraflow.dataflow import state, storage
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.policies import GroupView
 from astraflow.dataflow.store import Tx
@@ -52,7 +52,7 @@ def pool_candidates(ctx: Context, tx: Tx, policy: str, trainer_version: int, n: 
         ids = [g.id for g in expired]
         tx.executemany("UPDATE groups SET state='dropped' WHERE id=?", [(i,) for i in ids])
         state.discard_token_arrays(tx, ids)
-        state.count(tx, policy, "replay_expired", len(ids))
+        storage.tallies.counters.add(tx, policy, "replay_expired", len(ids))
     return [by_id[g.id] for g in chosen]
 
 

@@ -10,7 +10,6 @@ evaluation requests), then try again.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from astraflow.dataflow import (
     ingest,
     leases,
     modes,
-    state,
+    storage,
     timeline,
 )
 from astraflow.dataflow import status as status_mod
@@ -244,7 +243,7 @@ class DataflowService:
                 now = self.ctx.now()
                 if now - last_prune > 600:
                     last_prune = now
-                    await self.store.run(lambda tx: state.prune_idempotency(tx, self.ctx.now()))
+                    await self.store.run(lambda tx: storage.idempotency.prune(tx, self.ctx.now()))
                 # expiry wakes parked lease requests through ctx.wake
                 await self.store.run(lambda tx: leases.expire_overdue(self.ctx, tx))
             except asyncio.CancelledError:
@@ -273,24 +272,16 @@ class DataflowService:
             now = self.ctx.now()
             if reg.replace and reg.name:
                 silent_since = now - 2 * self.config.heartbeat_interval_s
-                for (old,) in tx.execute(
-                    "SELECT id FROM nodes WHERE state='active' AND last_heartbeat < ? "
-                    "AND json_extract(body, '$.name') = ?",
-                    (silent_since, reg.name),
-                ).fetchall():
+                for old in storage.nodes.silent_named(tx, reg.name, silent_since):
                     leases.release_node(self.ctx, tx, old)
-                    tx.execute("UPDATE nodes SET state='left' WHERE id=?", (old,))
+                    storage.nodes.mark_left(tx, old)
             node_id = new_id("node")
-            tx.execute(
-                "INSERT INTO nodes(id, body, versions, state, registered_at, last_heartbeat) "
-                "VALUES(?,?,?,'active',?,?)",
-                (node_id, reg.model_dump_json(), json.dumps(reg.policies), now, now),
-            )
+            storage.nodes.insert(tx, node_id, reg.model_dump_json(), reg.policies, now)
             return NodeRegistered(
                 node_id=node_id,
                 heartbeat_interval_s=self.config.heartbeat_interval_s,
                 lease_timeout_s=self.config.lease_timeout_s,
-                latest_versions=state.latest_versions(tx),
+                latest_versions=storage.versions.latest_versions(tx),
                 max_lag=self.config.recipe.dataflow.max_lag,
             )
 
@@ -306,7 +297,7 @@ class DataflowService:
         def op(tx: Tx) -> Ack:
             leases.touch_node(self.ctx, tx, node_id, None)
             n = leases.release_node(self.ctx, tx, node_id)
-            tx.execute("UPDATE nodes SET state='left' WHERE id=?", (node_id,))
+            storage.nodes.mark_left(tx, node_id)
             return Ack(detail=f"node left; {n} lease(s) returned to the queue")
 
         result = await self.store.run(op)
@@ -450,20 +441,14 @@ class DataflowService:
             # The trainer owns its policy's version stream: one that restarted from an older
             # checkpoint announces that version again, and the versions after it no longer exist;
             # the steps after it are trained again on the same batches (see timeline.rewind).
-            tx.execute("DELETE FROM versions WHERE policy=? AND version>?", (wv.policy, wv.version))
+            storage.versions.delete_after(tx, wv.policy, wv.version)
             undone = timeline.rewind(self.ctx, tx, wv.policy, wv.version)
             timeline.reannounced(self.ctx, tx, wv.policy, wv.version, wv.digest)
             # A restarted trainer announces its checkpoint's version again: the same weights
             # keep their first announcement time (evaluations of them stay valid).
-            tx.execute(
-                "INSERT INTO versions(policy, version, body, created_at) VALUES(?,?,?,?) "
-                "ON CONFLICT(policy, version) DO UPDATE SET body=excluded.body, created_at="
-                "CASE WHEN json_extract(body, '$.digest') = json_extract(excluded.body, '$.digest') "
-                "THEN created_at ELSE excluded.created_at END",
-                (wv.policy, wv.version, wv.model_dump_json(), self.ctx.now()),
-            )
+            storage.versions.record(tx, wv, self.ctx.now())
             self.ctx.mode.advance(self.ctx, tx)
-            latest = state.latest_versions(tx)[wv.policy]
+            latest = storage.versions.latest_versions(tx)[wv.policy]
             rewound = f"; {undone} later step(s) will be trained again" if undone else ""
             return Ack(
                 detail=f"{wv.policy} version {wv.version} recorded (latest {latest}){rewound}"

@@ -2,97 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import msgpack
 
+from astraflow.dataflow import storage
 from astraflow.dataflow.config import ServiceConfig
 from astraflow.dataflow.store import Tx
-from astraflow.protocol import WeightVersion
-
-
-def latest_versions(tx: Tx) -> dict[str, int]:
-    rows = tx.execute("SELECT policy, MAX(version) FROM versions GROUP BY policy").fetchall()
-    return {p: v for p, v in rows}
-
-
-def latest_weights(tx: Tx) -> dict[str, WeightVersion]:
-    rows = tx.execute(
-        "SELECT v.body FROM versions v JOIN (SELECT policy, MAX(version) AS mv FROM versions "
-        "GROUP BY policy) m ON v.policy = m.policy AND v.version = m.mv"
-    ).fetchall()
-    out = {}
-    for (body,) in rows:
-        wv = WeightVersion.model_validate_json(body)
-        out[wv.policy] = wv
-    return out
-
-
-def weight_locations(tx: Tx) -> dict[str, str]:
-    return {p: wv.location for p, wv in latest_weights(tx).items()}
-
-
-def count_drop(tx: Tx, policy: str, reason: str, n: int = 1) -> None:
-    if n <= 0:
-        return
-    tx.execute(
-        "INSERT INTO drops(policy, reason, count) VALUES(?,?,?) "
-        "ON CONFLICT(policy, reason) DO UPDATE SET count = count + excluded.count",
-        (policy, reason, n),
-    )
-
-
-def node_metrics(tx: Tx) -> dict[str, dict[str, float]]:
-    """Each active node's latest heartbeat metrics (throughput, weight-sync times), by name."""
-    out: dict[str, dict[str, float]] = {}
-    for nid, body, metrics in tx.execute(
-        "SELECT id, body, metrics FROM nodes WHERE state='active' ORDER BY registered_at"
-    ):
-        out[json.loads(body).get("name") or nid] = json.loads(metrics)
-    return out
-
-
-def drops(tx: Tx) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
-    for policy, reason, count in tx.execute("SELECT policy, reason, count FROM drops"):
-        out.setdefault(policy, {})[reason] = count
-    return out
-
-
-def count(tx: Tx, policy: str, name: str, n: int = 1) -> None:
-    """Count something a dataflow policy did that is not a drop (e.g. replayed samples)."""
-    if n <= 0:
-        return
-    tx.execute(
-        "INSERT INTO counters(policy, name, count) VALUES(?,?,?) "
-        "ON CONFLICT(policy, name) DO UPDATE SET count = count + excluded.count",
-        (policy, name, n),
-    )
-
-
-def counters(tx: Tx) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
-    for policy, name, n in tx.execute("SELECT policy, name, count FROM counters"):
-        out.setdefault(policy, {})[name] = n
-    return out
-
-
-def remembered(tx: Tx, key: str | None, kind: str) -> bytes | None:
-    """The stored reply of an earlier request with this idempotency key, if any."""
-    if not key:
-        return None
-    row = tx.one("SELECT kind, result FROM idempotency WHERE key=?", (key,))
-    if row is None:
-        return None
-    return row[1]
-
-
-def remember(tx: Tx, key: str | None, kind: str, result: bytes, now: float) -> None:
-    if key:
-        tx.execute(
-            "INSERT OR REPLACE INTO idempotency(key, kind, result, created_at) VALUES(?,?,?,?)",
-            (key, kind, result, now),
-        )
 
 
 def pack(obj: object) -> bytes:
@@ -111,17 +25,14 @@ def steps(tx: Tx) -> dict[str, int]:
 
 
 def outstanding_training_tasks(tx: Tx) -> int:
-    return tx.scalar("SELECT COUNT(*) FROM tasks WHERE is_eval=0 AND state != 'done'", (), 0)
+    return storage.tasks.outstanding_training(tx)
 
 
 def outstanding_evals(tx: Tx) -> int:
     """Evaluation tasks not finished yet that some node can run: an evaluation of a version that
     was never announced cannot run, so it must not keep the nodes from stopping forever."""
-    latest = latest_versions(tx)
-    rows = tx.execute(
-        "SELECT eval_policy, min_version, COUNT(*) FROM tasks WHERE is_eval=1 AND state != 'done' "
-        "GROUP BY eval_policy, min_version"
-    ).fetchall()
+    latest = storage.versions.latest_versions(tx)
+    rows = storage.tasks.open_evaluations(tx)
     return sum(n for policy, v, n in rows if (v or 0) <= latest.get(policy, 0))
 
 
@@ -144,11 +55,6 @@ def mark_done_time(tx: Tx, now: float) -> float:
     return float(at)
 
 
-def node_versions(tx: Tx, node_id: str) -> dict[str, int] | None:
-    row = tx.one("SELECT versions FROM nodes WHERE id=?", (node_id,))
-    return None if row is None else json.loads(row[0])
-
-
 def discard_token_arrays(tx: Tx, group_ids: list[str]) -> None:
     """Free the token arrays of samples no trainer will ever receive again (acked, filtered or
     dropped groups), so that the store stops growing with every episode of a long run. Ids,
@@ -157,13 +63,3 @@ def discard_token_arrays(tx: Tx, group_ids: list[str]) -> None:
         "UPDATE samples SET tokens=X'', loss_mask=X'', logprobs=X'', versions=X'' WHERE group_id=?",
         [(g,) for g in group_ids],
     )
-
-
-#: Idempotency keys are kept this long (retries happen within minutes).
-IDEMPOTENCY_TTL_S = 24 * 3600.0
-
-
-def prune_idempotency(tx: Tx, now: float) -> int:
-    return tx.execute(
-        "DELETE FROM idempotency WHERE created_at < ?", (now - IDEMPOTENCY_TTL_S,)
-    ).rowcount

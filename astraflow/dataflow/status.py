@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from astraflow.dataflow import evaluations, state
+from astraflow.dataflow import evaluations, state, storage
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.leases import nodes_done
 from astraflow.dataflow.store import Tx
@@ -19,13 +19,10 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
     cfg = ctx.config
     recipe = cfg.recipe
     queue: dict[str, int] = {}
-    for task_set, is_eval, n in tx.execute(
-        "SELECT task_set, is_eval, COUNT(*) FROM tasks WHERE state='pending' "
-        "GROUP BY task_set, is_eval"
-    ):
+    for task_set, is_eval, n in storage.tasks.pending_by_set(tx):
         key = "eval" if is_eval else task_set
         queue[key] = queue.get(key, 0) + n
-    lease_counts = dict(tx.execute("SELECT state, COUNT(*) FROM leases GROUP BY state").fetchall())
+    lease_counts = storage.leases.counts_by_state(tx)
     since = now - THROUGHPUT_WINDOW_S
     recent = dict(
         tx.execute(
@@ -33,16 +30,9 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
             (since,),
         ).fetchall()
     )
-    active = dict(
-        tx.execute(
-            "SELECT node_id, COUNT(*) FROM leases WHERE state='active' GROUP BY node_id"
-        ).fetchall()
-    )
+    active = storage.leases.active_by_node(tx)
     nodes = []
-    for nid, body, versions, n_state, last_hb, episodes, metrics in tx.execute(
-        "SELECT id, body, versions, state, last_heartbeat, episodes, metrics FROM nodes "
-        "ORDER BY registered_at"
-    ).fetchall():
+    for nid, body, versions, n_state, last_hb, episodes, metrics in storage.nodes.all_rows(tx):
         reg = json.loads(body)
         silent = now - last_hb
         shown_state = n_state
@@ -63,10 +53,10 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
                 metrics=json.loads(metrics),
             )
         )
-    latest = state.latest_weights(tx)
+    latest = storage.versions.latest_weights(tx)
     steps = state.steps(tx)
-    drops = state.drops(tx)
-    counters = state.counters(tx)
+    drops = storage.tallies.drops.by_policy(tx)
+    counters = storage.tallies.counters.by_policy(tx)
     buffers = {
         p: (g, s)
         for p, g, s in tx.execute(
@@ -110,7 +100,7 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
         queue=queue,
         in_flight_leases=lease_counts.get("active", 0),
         expired_leases=lease_counts.get("expired", 0),
-        tasks_done=tx.scalar("SELECT COUNT(*) FROM tasks WHERE state='done' AND is_eval=0", (), 0),
+        tasks_done=storage.tasks.done_training_count(tx),
         # episodes are never deleted, so the largest rowid is their count (no table scan)
         episodes=tx.scalar("SELECT MAX(rowid) FROM episodes", (), 0),
         episodes_per_s=total_recent / THROUGHPUT_WINDOW_S,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 
-from astraflow.dataflow import state
+from astraflow.dataflow import state, storage
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.store import Tx
 
@@ -88,18 +88,15 @@ def rewind(ctx: Context, tx: Tx, policy: str, version: int) -> int:
             and int(r.get("version") or 0) > version
         ),
     )
-    state.count_drop(tx, policy, "rewound_steps", len(later))
+    storage.tallies.drops.add(tx, policy, "rewound_steps", len(later))
     return len(later)
 
 
 def reannounced(ctx: Context, tx: Tx, policy: str, version: int, digest: str) -> None:
     """``version`` announced again: with other weights than before (a retrained step that was
     not bit-identical), its evaluations measured weights that no longer exist: drop them."""
-    row = tx.one(
-        "SELECT json_extract(body, '$.digest') FROM versions WHERE policy=? AND version=?",
-        (policy, version),
-    )
-    if row is None or row[0] == digest:
+    announced = storage.versions.digest(tx, policy, version)
+    if announced is None or announced == digest:
         return
     _cancel_evaluations(tx, policy, version - 1, ctx.now())
     ctx.metrics.forget(
@@ -116,19 +113,7 @@ def _cancel_evaluations(tx: Tx, policy: str, version: int, now: float) -> None:
     """Evaluations of versions after ``version`` measured (or would measure) weights this timeline
     no longer has: drop them, their open tasks, and the idempotency keys that would answer the
     trainer's request for the retrained version with the old result."""
-    ids = [
-        r[0]
-        for r in tx.execute(
-            "SELECT id FROM evaluations WHERE policy=? AND version > ?", (policy, version)
-        )
-    ]
-    for eval_id in ids:
-        tx.execute(
-            "UPDATE tasks SET state='done', winner='rewound', done_at=? "
-            "WHERE eval_id=? AND state != 'done'",
-            (now, eval_id),
-        )
-        tx.execute("DELETE FROM evaluations WHERE id=?", (eval_id,))
-        tx.execute(
-            "DELETE FROM idempotency WHERE kind='evaluation' AND result=?", (state.pack(eval_id),)
-        )
+    for eval_id in storage.evaluations.ids_after(tx, policy, version):
+        storage.tasks.cancel_evaluation(tx, eval_id, now)
+        storage.evaluations.delete(tx, eval_id)
+        storage.idempotency.forget_evaluation(tx, state.pack(eval_id))

@@ -1,0 +1,31 @@
+"""The dataflow store's SQL, one module per table family.
+
+Why: the domain modules (leases, ingest, batching, ...) say what happens to the run; the SQL that
+records it lives here, named by what it does (``nodes.mark_left(tx, node_id)``), so a reader sees
+each table's statements side by side and a schema change touches one module. Every function takes
+the operation's :class:`~astraflow.dataflow.store.Tx` (the store's single writer thread) and runs
+its statements as they were written in the domain modules. The samples, episodes, groups,
+batches, metrics and policy-state tables have not moved here yet (``docs/decisions.md``).
+"""
+
+from astraflow.dataflow.storage import (
+    evaluations,
+    feeder,
+    idempotency,
+    leases,
+    nodes,
+    tallies,
+    tasks,
+    versions,
+)
+
+__all__ = [
+    "evaluations",
+    "feeder",
+    "idempotency",
+    "leases",
+    "nodes",
+    "tallies",
+    "tasks",
+    "versions",
+]

@@ -1,0 +1,126 @@
+"""Task leases (``leases``): one row per task handed to a node, with its deadline and state
+(``active`` -> ``finished`` | ``expired`` | ``released`` | ``superseded``)."""
+
+from __future__ import annotations
+
+import json
+
+from astraflow.dataflow.store import Tx
+
+
+def insert(
+    tx: Tx,
+    lease_id: str,
+    task_id: str,
+    node_id: str,
+    now: float,
+    deadline: float,
+    versions: dict[str, int],
+) -> None:
+    tx.execute(
+        "INSERT INTO leases(id, task_id, node_id, issued_at, deadline, state, versions) "
+        "VALUES(?,?,?,?,?,'active',?)",
+        (lease_id, task_id, node_id, now, deadline, json.dumps(versions)),
+    )
+
+
+def get(tx: Tx, lease_id: str) -> tuple[str, str, str] | None:
+    """(node_id, task_id, state), or None for an unknown lease."""
+    return tx.one("SELECT node_id, task_id, state FROM leases WHERE id=?", (lease_id,))
+
+
+def for_push(tx: Tx, lease_id: str) -> tuple[str, str, str, int] | None:
+    """(task_id, node_id, state, episodes pushed so far), or None for an unknown lease."""
+    return tx.one("SELECT task_id, node_id, state, episodes FROM leases WHERE id=?", (lease_id,))
+
+
+def with_task_state(tx: Tx, lease_id: str, node_id: str) -> tuple[str, str, str | None] | None:
+    """(lease state, task state, task winner) of a lease of ``node_id``."""
+    return tx.one(
+        "SELECT l.state, t.state, t.winner FROM leases l JOIN tasks t ON t.id = l.task_id "
+        "WHERE l.id=? AND l.node_id=?",
+        (lease_id, node_id),
+    )
+
+
+def overdue(tx: Tx, now: float) -> list[tuple[str, str]]:
+    """(id, task_id) of active leases past their deadline."""
+    return tx.execute(
+        "SELECT id, task_id FROM leases WHERE state='active' AND deadline < ?", (now,)
+    ).fetchall()
+
+
+def expire(tx: Tx, lease_ids: list[str]) -> None:
+    tx.executemany("UPDATE leases SET state='expired' WHERE id=?", [(i,) for i in lease_ids])
+
+
+def active_count_of_task(tx: Tx, task_id: str) -> int:
+    return tx.scalar(
+        "SELECT COUNT(*) FROM leases WHERE task_id=? AND state='active'", (task_id,), 0
+    )
+
+
+def in_flight_training(tx: Tx) -> int:
+    """Active leases of training (not evaluation) tasks."""
+    return tx.scalar(
+        "SELECT COUNT(*) FROM leases l JOIN tasks t ON t.id = l.task_id "
+        "WHERE l.state='active' AND t.is_eval=0",
+        (),
+        0,
+    )
+
+
+def active_of_node(tx: Tx, node_id: str) -> list[str]:
+    return [
+        r[0]
+        for r in tx.execute(
+            "SELECT id FROM leases WHERE node_id=? AND state='active'", (node_id,)
+        ).fetchall()
+    ]
+
+
+def extend_node(tx: Tx, node_id: str, deadline: float) -> None:
+    """Move the deadline of every active lease of ``node_id``."""
+    tx.execute(
+        "UPDATE leases SET deadline=? WHERE node_id=? AND state='active'",
+        (deadline, node_id),
+    )
+
+
+def mark_released(tx: Tx, lease_id: str) -> None:
+    tx.execute("UPDATE leases SET state='released' WHERE id=?", (lease_id,))
+
+
+def mark_finished(tx: Tx, lease_id: str) -> None:
+    tx.execute("UPDATE leases SET state='finished' WHERE id=?", (lease_id,))
+
+
+def mark_superseded(tx: Tx, lease_id: str) -> None:
+    tx.execute("UPDATE leases SET state='superseded' WHERE id=?", (lease_id,))
+
+
+def add_episodes(tx: Tx, lease_id: str, n: int) -> None:
+    tx.execute("UPDATE leases SET episodes = episodes + ? WHERE id=?", (n, lease_id))
+
+
+def others_of_task(tx: Tx, task_id: str, lease_id: str) -> list[str]:
+    """The task's other leases not superseded yet (the losers once ``lease_id`` won)."""
+    return [
+        r[0]
+        for r in tx.execute(
+            "SELECT id FROM leases WHERE task_id=? AND id != ? AND state != 'superseded'",
+            (task_id, lease_id),
+        ).fetchall()
+    ]
+
+
+def counts_by_state(tx: Tx) -> dict[str, int]:
+    return dict(tx.execute("SELECT state, COUNT(*) FROM leases GROUP BY state").fetchall())
+
+
+def active_by_node(tx: Tx) -> dict[str, int]:
+    return dict(
+        tx.execute(
+            "SELECT node_id, COUNT(*) FROM leases WHERE state='active' GROUP BY node_id"
+        ).fetchall()
+    )
