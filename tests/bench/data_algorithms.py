@@ -11,15 +11,17 @@ Per system (median and range over seeds): seconds and trained samples to a ladde
 final accuracy, rollouts generated and wasted (zero-variance groups and stale drops), rollouts
 skipped before generation, replayed samples. The headline ``speedup_to_baseline_final``: the
 baseline's median seconds to its own median final accuracy divided by the system's (> 1: sooner;
-None: the system never reached it).
+None: the system never reached it, or the baseline's gain is within two standard errors of one
+evaluation, i.e. it did not learn). ``speedup_equal_samples``: the baseline's median train time
+divided by the system's, for the same trained samples.
 
     python tests/bench/data_algorithms.py [--quick] [--json PATH] [--seeds 0,1,2] [--systems ...]
 
 ``--quick``: one seed, 10 steps, baseline and replay: a smoke run of the measurement (held-out
 accuracy barely moves in 10 steps; rollout and waste counts do), two end-to-end trainings side by
 side; ``--systems`` picks others. Full: three seeds, 48 steps, 8 systems, an evaluation of the
-500-problem level-2 test split every 6 steps = 24 runs of 4-7 min each on the same loaded machine
-(~2 h; `--systems` runs a subset). Times to an accuracy are interpolated between evaluations.
+500-problem level-2 test split every 6 steps = 24 runs of 1-2 min each (~45 min on a quiet 2-core
+machine; `--systems` runs a subset). Times to an accuracy are interpolated between evaluations.
 """
 
 from __future__ import annotations
