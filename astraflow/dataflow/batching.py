@@ -325,11 +325,7 @@ def ack(ctx: Context, tx: Tx, batch_id: str, req: BatchAck) -> Ack:
         timeline.on_ack(ctx, tx, policy, batch_id, req.checkpoint_version)
         summary = json.loads(summary_json)
         hist = {int(k): v for k, v in summary["staleness"].items()}
-        tx.executemany(
-            "INSERT INTO staleness(policy, staleness, count) VALUES(?,?,?) "
-            "ON CONFLICT(policy, staleness) DO UPDATE SET count = count + excluded.count",
-            [(policy, k, v) for k, v in hist.items()],
-        )
+        storage.staleness.add(tx, [(policy, k, v) for k, v in hist.items()])
         n = sum(hist.values())
         ctx.metrics.record(
             tx,

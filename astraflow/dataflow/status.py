@@ -69,7 +69,7 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
         ).fetchall()
     )
     hist: dict[str, dict[str, int]] = {}
-    for p, k, v in tx.execute("SELECT policy, staleness, count FROM staleness ORDER BY staleness"):
+    for p, k, v in storage.staleness.histogram(tx):
         hist.setdefault(p, {})[str(k)] = v
     policies = {}
     for name, pc in recipe.policies.items():

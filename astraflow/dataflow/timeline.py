@@ -73,10 +73,7 @@ def rewind(ctx: Context, tx: Tx, policy: str, version: int) -> int:
             ("served" if replayable else "rewound", batch_id),
         )
         hist = json.loads(summary)["staleness"]
-        tx.executemany(
-            "UPDATE staleness SET count = MAX(0, count - ?) WHERE policy=? AND staleness=?",
-            [(n, policy, int(k)) for k, n in hist.items()],
-        )
+        storage.staleness.subtract(tx, [(n, policy, int(k)) for k, n in hist.items()])
     tx.set_meta(_freed_key(policy), str(min(freed, version)))
     tx.execute("DELETE FROM meta WHERE key='training_done_at'")
     _cancel_evaluations(tx, policy, version, ctx.now())
