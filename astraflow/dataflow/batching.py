@@ -47,14 +47,11 @@ def no_more_data(ctx: Context, tx: Tx) -> bool:
 def next_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
     """A BatchReply as a wire dict (packed arrays), or None when the caller should wait."""
     _check_policy(ctx, req.policy)
-    row = tx.one(
-        "SELECT id FROM batches WHERE policy=? AND state='served' ORDER BY seq LIMIT 1",
-        (req.policy,),
-    )
+    row = storage.batches.oldest_served(tx, req.policy)
     if row is not None:
-        tx.execute("UPDATE batches SET served = served + 1 WHERE id=?", (row[0],))
+        storage.batches.count_redelivery(tx, row[0])
         return reply(batch=assemble(tx, row[0]), redelivered=True)
-    done_steps = state.steps(tx).get(req.policy, 0)
+    done_steps = storage.batches.steps(tx).get(req.policy, 0)
     if done_steps >= ctx.config.recipe.run.max_steps:
         return reply(done=True, reason=f"policy {req.policy!r} reached run.max_steps")
     return ctx.mode.next_batch(ctx, tx, req)
@@ -147,11 +144,7 @@ def next_async_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
 
 def round_acked(tx: Tx, policy: str, round_: int) -> bool:
     """Lock-step mode: ``policy`` acknowledged its batch of round ``round_``."""
-    return bool(
-        tx.one(
-            "SELECT 1 FROM batches WHERE policy=? AND round=? AND state='acked'", (policy, round_)
-        )
-    )
+    return bool(storage.batches.round_acked(tx, policy, round_))
 
 
 def next_round_batch(ctx: Context, tx: Tx, req: BatchRequest, round_: int) -> dict | None:
@@ -211,9 +204,8 @@ def _create_batch(ctx, tx, req, chosen, dropped: Counter, round_) -> dict:
         "staleness": {str(k): v for k, v in sorted(staleness.items())},
         "dropped": dict(dropped),
     }
-    tx.execute(
-        "INSERT INTO batches(id, policy, trainer_id, trainer_version, round, layout, summary, "
-        "state, created_at) VALUES(?,?,?,?,?,?,?,'served',?)",
+    storage.batches.insert(
+        tx,
         (
             batch_id,
             req.policy,
@@ -243,9 +235,7 @@ def _create_batch(ctx, tx, req, chosen, dropped: Counter, round_) -> dict:
 def assemble(tx: Tx, batch_id: str) -> dict:
     """The stored batch as a wire dict: the same groups, samples, advantages and weights as when
     it was first served (token arrays stay the packed bytes they were stored as)."""
-    policy, trainer_version, layout, summary = tx.one(
-        "SELECT policy, trainer_version, layout, summary FROM batches WHERE id=?", (batch_id,)
-    )
+    policy, trainer_version, layout, summary = storage.batches.for_assembly(tx, batch_id)
     groups = []
     for group_id, entries in json.loads(layout):
         g = tx.one(
@@ -301,7 +291,7 @@ def ack(ctx: Context, tx: Tx, batch_id: str, req: BatchAck) -> Ack:
     if cached is not None:
         return Ack.model_validate(state.unpack(cached))
     now = ctx.now()
-    row = tx.one("SELECT policy, state, summary, round FROM batches WHERE id=?", (batch_id,))
+    row = storage.batches.for_ack(tx, batch_id)
     if row is None:
         raise NotFound(f"unknown batch {batch_id!r}", "batch_id")
     policy, b_state, summary_json, round_ = row
@@ -311,17 +301,14 @@ def ack(ctx: Context, tx: Tx, batch_id: str, req: BatchAck) -> Ack:
         result = Ack(ok=True, detail="batch belongs to a rewound timeline; not a step", at=now)
     elif not req.trained:
         # consumed without an optimizer step (nothing trainable): done with, not a step
-        tx.execute("UPDATE batches SET state='skipped', acked_at=? WHERE id=?", (now, batch_id))
+        storage.batches.mark_skipped(tx, batch_id, now)
         groups = [r[0] for r in tx.execute("SELECT id FROM groups WHERE batch_id=?", (batch_id,))]
         state.discard_token_arrays(tx, groups)
         storage.tallies.drops.add(tx, policy, "untrainable_batch")
         result = Ack(ok=True, detail="batch consumed without a step", at=now)
     else:
-        step = state.steps(tx).get(policy, 0) + 1
-        tx.execute(
-            "UPDATE batches SET state='acked', acked_at=?, step=? WHERE id=?",
-            (now, step, batch_id),
-        )
+        step = storage.batches.steps(tx).get(policy, 0) + 1
+        storage.batches.mark_acked(tx, batch_id, now, step)
         timeline.on_ack(ctx, tx, policy, batch_id, req.checkpoint_version)
         summary = json.loads(summary_json)
         hist = {int(k): v for k, v in summary["staleness"].items()}

@@ -134,7 +134,7 @@ def buffer_room(ctx: Context, tx: Tx) -> tuple[int, str | None]:
         ).fetchall()
     )
     room, tightest = 1 << 30, ""
-    done_steps = state.steps(tx)
+    done_steps = storage.batches.steps(tx)
     for p in ctx.config.trainable:
         if done_steps.get(p, 0) >= ctx.config.recipe.run.max_steps:
             continue  # a finished policy consumes nothing more; it must not hold the others back

@@ -17,13 +17,6 @@ def unpack(data: bytes) -> object:
     return msgpack.unpackb(data, raw=False)
 
 
-def steps(tx: Tx) -> dict[str, int]:
-    rows = tx.execute(
-        "SELECT policy, COUNT(*) FROM batches WHERE state='acked' GROUP BY policy"
-    ).fetchall()
-    return {p: n for p, n in rows}
-
-
 def outstanding_training_tasks(tx: Tx) -> int:
     return storage.tasks.outstanding_training(tx)
 
@@ -40,7 +33,7 @@ def training_done(tx: Tx, config: ServiceConfig, feeder_exhausted: bool) -> bool
     """Every trainable policy acked max_steps batches (or, without trainers, tasks ran out)."""
     trainable = config.trainable
     if trainable:
-        done_steps = steps(tx)
+        done_steps = storage.batches.steps(tx)
         if all(done_steps.get(p, 0) >= config.recipe.run.max_steps for p in trainable):
             return True
         return False

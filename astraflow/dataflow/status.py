@@ -54,7 +54,7 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
             )
         )
     latest = storage.versions.latest_weights(tx)
-    steps = state.steps(tx)
+    steps = storage.batches.steps(tx)
     drops = storage.tallies.drops.by_policy(tx)
     counters = storage.tallies.counters.by_policy(tx)
     buffers = {
@@ -63,11 +63,7 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
             "SELECT policy, COUNT(*), SUM(size) FROM groups WHERE state='ready' GROUP BY policy"
         )
     }
-    unacked = dict(
-        tx.execute(
-            "SELECT policy, COUNT(*) FROM batches WHERE state='served' GROUP BY policy"
-        ).fetchall()
-    )
+    unacked = dict(storage.batches.unacked_counts(tx))
     hist: dict[str, dict[str, int]] = {}
     for p, k, v in storage.staleness.histogram(tx):
         hist.setdefault(p, {})[str(k)] = v

@@ -58,20 +58,13 @@ def rewind(ctx: Context, tx: Tx, policy: str, version: int) -> int:
     """``policy``'s trainer restarted at ``version``: undo the acknowledged steps after it.
 
     Returns how many steps were undone (0 when the announcement is not a rewind)."""
-    later = tx.execute(
-        "SELECT id, step, summary FROM batches WHERE policy=? AND state='acked' AND step > ? "
-        "ORDER BY step",
-        (policy, version),
-    ).fetchall()
+    later = storage.batches.acked_after(tx, policy, version)
     if not later:
         return 0
     freed = int(tx.get_meta(_freed_key(policy)) or 0)
     for batch_id, step, summary in later:
         replayable = step > freed
-        tx.execute(
-            "UPDATE batches SET state=?, acked_at=NULL, step=NULL WHERE id=?",
-            ("served" if replayable else "rewound", batch_id),
-        )
+        storage.batches.unack(tx, batch_id, "served" if replayable else "rewound")
         hist = json.loads(summary)["staleness"]
         storage.staleness.subtract(tx, [(n, policy, int(k)) for k, n in hist.items()])
     tx.set_meta(_freed_key(policy), str(min(freed, version)))

@@ -9,6 +9,7 @@ batches, metrics and policy-state tables have not moved here yet (``docs/decisio
 """
 
 from astraflow.dataflow.storage import (
+    batches,
     evaluations,
     feeder,
     idempotency,
@@ -23,6 +24,7 @@ from astraflow.dataflow.storage import (
 )
 
 __all__ = [
+    "batches",
     "evaluations",
     "feeder",
     "idempotency",
