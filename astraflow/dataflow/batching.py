@@ -68,15 +68,7 @@ def reply(
 
 
 def _ready_groups(ctx: Context, tx: Tx, policy: str, round_: int | None = None) -> list[tuple]:
-    sql = (
-        "SELECT seq, id, task_id, task_set, priority, deadline, min_version, reward_mean, "
-        "reward_std FROM groups WHERE policy=? AND state='ready'"
-    )
-    params: tuple = (policy,)
-    if round_ is not None:
-        sql += " AND round=?"
-        params = (policy, round_)
-    rows = tx.execute(sql, params).fetchall()
+    rows = storage.groups.ready(tx, policy, round_)
     order = ctx.pipeline.group_order
     rows.sort(
         key=lambda r: order.sort_key(
@@ -115,7 +107,7 @@ def next_async_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
         kept, g_dropped = _filter_group(ctx, tx, g[1], req.trainer_version)
         if not kept:
             # Every sample of the group is dropped for good (staleness only grows): final.
-            tx.execute("UPDATE groups SET state='dropped' WHERE id=?", (g[1],))
+            storage.groups.mark_dropped(tx, g[1])
             state.discard_token_arrays(tx, [g[1]])
             for reason, n in g_dropped.items():
                 storage.tallies.drops.add(tx, req.policy, reason, n)
@@ -134,7 +126,7 @@ def next_async_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
         if kept:
             chosen.append((g, kept, g_dropped))
         else:  # a replay bound looser than the staleness bound: the copy is dropped, counted
-            tx.execute("UPDATE groups SET state='dropped' WHERE id=?", (g[1],))
+            storage.groups.mark_dropped(tx, g[1])
             state.discard_token_arrays(tx, [g[1]])
             for reason, n in g_dropped.items():
                 storage.tallies.drops.add(tx, req.policy, reason, n)
@@ -162,7 +154,7 @@ def next_round_batch(ctx: Context, tx: Tx, req: BatchRequest, round_: int) -> di
     for g in _ready_groups(ctx, tx, req.policy, round_):
         kept, g_dropped = _filter_group(ctx, tx, g[1], req.trainer_version)
         if not kept:
-            tx.execute("UPDATE groups SET state='dropped' WHERE id=?", (g[1],))
+            storage.groups.mark_dropped(tx, g[1])
             state.discard_token_arrays(tx, [g[1]])
             for reason, n in g_dropped.items():
                 storage.tallies.drops.add(tx, req.policy, reason, n)
@@ -217,10 +209,7 @@ def _create_batch(ctx, tx, req, chosen, dropped: Counter, round_) -> dict:
             ctx.now(),
         ),
     )
-    tx.executemany(
-        "UPDATE groups SET state='batched', batch_id=? WHERE id=?",
-        [(batch_id, g[1]) for g, _, _ in chosen],
-    )
+    storage.groups.mark_batched(tx, [(batch_id, g[1]) for g, _, _ in chosen])
     if n_replayed:
         storage.tallies.counters.add(tx, req.policy, "replayed_samples", n_replayed)
         storage.tallies.counters.add(
@@ -238,9 +227,7 @@ def assemble(tx: Tx, batch_id: str) -> dict:
     policy, trainer_version, layout, summary = storage.batches.for_assembly(tx, batch_id)
     groups = []
     for group_id, entries in json.loads(layout):
-        g = tx.one(
-            "SELECT task_id, task_set, reward_mean, reward_std FROM groups WHERE id=?", (group_id,)
-        )
+        g = storage.groups.for_assembly(tx, group_id)
         samples = []
         for sid, adv, weight in entries:
             r = tx.one(
@@ -302,7 +289,7 @@ def ack(ctx: Context, tx: Tx, batch_id: str, req: BatchAck) -> Ack:
     elif not req.trained:
         # consumed without an optimizer step (nothing trainable): done with, not a step
         storage.batches.mark_skipped(tx, batch_id, now)
-        groups = [r[0] for r in tx.execute("SELECT id FROM groups WHERE batch_id=?", (batch_id,))]
+        groups = storage.groups.ids_of_batch(tx, batch_id)
         state.discard_token_arrays(tx, groups)
         storage.tallies.drops.add(tx, policy, "untrainable_batch")
         result = Ack(ok=True, detail="batch consumed without a step", at=now)

@@ -240,10 +240,8 @@ def _complete(ctx: Context, tx: Tx, task_id: str, lease_id: str, task: tuple) ->
                 break
         if reason:
             storage.tallies.drops.add(tx, policy, reason, len(samples))
-        tx.execute(
-            "INSERT INTO groups(id, task_id, policy, task_set, round, size, reward_mean, "
-            "reward_std, min_version, priority, deadline, state, created_at) "
-            "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        storage.groups.insert(
+            tx,
             (
                 group_id,
                 task_id,

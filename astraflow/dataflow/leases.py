@@ -128,11 +128,7 @@ def buffer_room(ctx: Context, tx: Tx) -> tuple[int, str | None]:
     if not steps or not ctx.config.trainable:
         return 1 << 30, None
     in_flight = storage.leases.in_flight_training(tx)
-    ready = dict(
-        tx.execute(
-            "SELECT policy, COUNT(*) FROM groups WHERE state='ready' GROUP BY policy"
-        ).fetchall()
-    )
+    ready = dict(storage.groups.ready_counts(tx))
     room, tightest = 1 << 30, ""
     done_steps = storage.batches.steps(tx)
     for p in ctx.config.trainable:

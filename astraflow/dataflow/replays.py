@@ -35,11 +35,7 @@ def pool_candidates(ctx: Context, tx: Tx, policy: str, trainer_version: int, n: 
     replay = ctx.pipeline.replay
     if replay is None or n <= 0:
         return []
-    rows = tx.execute(
-        "SELECT seq, id, task_id, task_set, priority, deadline, min_version, reward_mean, "
-        "reward_std FROM groups WHERE policy=? AND state=?",
-        (policy, POOL),
-    ).fetchall()
+    rows = storage.groups.in_state(tx, policy, POOL)
     if not rows:
         return []
     by_id = {r[1]: r for r in rows}
@@ -50,7 +46,7 @@ def pool_candidates(ctx: Context, tx: Tx, policy: str, trainer_version: int, n: 
     chosen, expired = replay.choose(views, trainer_version, n)
     if expired:
         ids = [g.id for g in expired]
-        tx.executemany("UPDATE groups SET state='dropped' WHERE id=?", [(i,) for i in ids])
+        storage.groups.mark_all_dropped(tx, ids)
         state.discard_token_arrays(tx, ids)
         storage.tallies.counters.add(tx, policy, "replay_expired", len(ids))
     return [by_id[g.id] for g in chosen]
@@ -66,16 +62,12 @@ def admit(ctx: Context, tx: Tx, policy: str, group_ids: list[str]) -> int:
     for gid in group_ids:
         row = tx.one("SELECT origin, n FROM replays WHERE group_id=?", (gid,))
         origin, times = (row[0], row[1]) if row else (gid, 0)
-        g = tx.one(
-            "SELECT seq, task_id, task_set, min_version, priority, deadline, round, size, "
-            "reward_mean, reward_std FROM groups WHERE id=?",
-            (gid,),
-        )
+        g = storage.groups.for_replay(tx, gid)
         view = GroupView(gid, g[1], policy, g[2], _rewards(tx, gid), g[0], g[3], g[4], g[5])
         if not replay.admits(view, times):
             continue
         copy_id = f"{origin}#r{times + 1}"
-        if tx.one("SELECT 1 FROM groups WHERE id=?", (copy_id,)):
+        if storage.groups.exists(tx, copy_id):
             continue  # already made (a batch served again after a rewind)
         suffix = f"#r{times + 1}"
         tx.execute(
@@ -87,11 +79,8 @@ def admit(ctx: Context, tx: Tx, policy: str, group_ids: list[str]) -> int:
             "FROM samples WHERE group_id=? ORDER BY rowid",
             (suffix, copy_id, gid),
         )
-        tx.execute(
-            "INSERT INTO groups(id, task_id, policy, task_set, round, size, reward_mean, "
-            "reward_std, min_version, priority, deadline, state, created_at) "
-            "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (copy_id, g[1], policy, g[2], g[6], g[7], g[8], g[9], g[3], g[4], g[5], POOL, now),
+        storage.groups.insert(
+            tx, (copy_id, g[1], policy, g[2], g[6], g[7], g[8], g[9], g[3], g[4], g[5], POOL, now)
         )
         tx.execute(
             "INSERT INTO replays(group_id, source, origin, n, created_at) VALUES(?,?,?,?,?)",

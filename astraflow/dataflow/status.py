@@ -57,12 +57,7 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
     steps = storage.batches.steps(tx)
     drops = storage.tallies.drops.by_policy(tx)
     counters = storage.tallies.counters.by_policy(tx)
-    buffers = {
-        p: (g, s)
-        for p, g, s in tx.execute(
-            "SELECT policy, COUNT(*), SUM(size) FROM groups WHERE state='ready' GROUP BY policy"
-        )
-    }
+    buffers = {p: (g, s) for p, g, s in storage.groups.buffered(tx)}
     unacked = dict(storage.batches.unacked_counts(tx))
     hist: dict[str, dict[str, int]] = {}
     for p, k, v in storage.staleness.histogram(tx):

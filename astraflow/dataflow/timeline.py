@@ -36,20 +36,13 @@ def _freed_key(policy: str) -> str:
 def on_ack(ctx: Context, tx: Tx, policy: str, batch_id: str, checkpoint: int | None) -> None:
     """After ``batch_id`` was acknowledged: free the samples no restart can need any more."""
     if checkpoint is None:  # the trainer cannot resume: nothing will be served again
-        groups = [r[0] for r in tx.execute("SELECT id FROM groups WHERE batch_id=?", (batch_id,))]
+        groups = storage.groups.ids_of_batch(tx, batch_id)
         state.discard_token_arrays(tx, groups)
         return
     freed = int(tx.get_meta(_freed_key(policy)) or 0)
     if checkpoint <= freed:
         return
-    groups = [
-        r[0]
-        for r in tx.execute(
-            "SELECT g.id FROM groups g JOIN batches b ON g.batch_id = b.id "
-            "WHERE b.policy=? AND b.state='acked' AND b.step > ? AND b.step <= ?",
-            (policy, freed, checkpoint),
-        )
-    ]
+    groups = storage.groups.of_acked_steps(tx, policy, freed, checkpoint)
     state.discard_token_arrays(tx, groups)
     tx.set_meta(_freed_key(policy), str(checkpoint))
 
