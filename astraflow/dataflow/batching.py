@@ -80,9 +80,7 @@ def _ready_groups(ctx: Context, tx: Tx, policy: str, round_: int | None = None) 
 
 def _filter_group(ctx: Context, tx: Tx, group_id: str, trainer_version: int):
     kept, dropped = [], Counter()
-    for sid, reward, min_v in tx.execute(
-        "SELECT id, reward, min_version FROM samples WHERE group_id=? ORDER BY rowid", (group_id,)
-    ).fetchall():
+    for sid, reward, min_v in storage.samples.of_group(tx, group_id):
         view = SampleView(sid, group_id, reward, min_v)
         reason = None
         for f in ctx.pipeline.sample_filters:
@@ -108,7 +106,7 @@ def next_async_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
         if not kept:
             # Every sample of the group is dropped for good (staleness only grows): final.
             storage.groups.mark_dropped(tx, g[1])
-            state.discard_token_arrays(tx, [g[1]])
+            storage.samples.discard_token_arrays(tx, [g[1]])
             for reason, n in g_dropped.items():
                 storage.tallies.drops.add(tx, req.policy, reason, n)
             dropped.update(g_dropped)
@@ -127,7 +125,7 @@ def next_async_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
             chosen.append((g, kept, g_dropped))
         else:  # a replay bound looser than the staleness bound: the copy is dropped, counted
             storage.groups.mark_dropped(tx, g[1])
-            state.discard_token_arrays(tx, [g[1]])
+            storage.samples.discard_token_arrays(tx, [g[1]])
             for reason, n in g_dropped.items():
                 storage.tallies.drops.add(tx, req.policy, reason, n)
             dropped.update(g_dropped)
@@ -155,7 +153,7 @@ def next_round_batch(ctx: Context, tx: Tx, req: BatchRequest, round_: int) -> di
         kept, g_dropped = _filter_group(ctx, tx, g[1], req.trainer_version)
         if not kept:
             storage.groups.mark_dropped(tx, g[1])
-            state.discard_token_arrays(tx, [g[1]])
+            storage.samples.discard_token_arrays(tx, [g[1]])
             for reason, n in g_dropped.items():
                 storage.tallies.drops.add(tx, req.policy, reason, n)
             dropped.update(g_dropped)
@@ -230,11 +228,7 @@ def assemble(tx: Tx, batch_id: str) -> dict:
         g = storage.groups.for_assembly(tx, group_id)
         samples = []
         for sid, adv, weight in entries:
-            r = tx.one(
-                "SELECT role, task_id, episode_id, tokens, loss_mask, logprobs, versions, reward "
-                "FROM samples WHERE id=?",
-                (sid,),
-            )
+            r = storage.samples.for_assembly(tx, sid)
             tokens, loss_mask, logprobs, versions = unstore(r[3], r[4], r[5], r[6])
             samples.append(
                 {
@@ -290,7 +284,7 @@ def ack(ctx: Context, tx: Tx, batch_id: str, req: BatchAck) -> Ack:
         # consumed without an optimizer step (nothing trainable): done with, not a step
         storage.batches.mark_skipped(tx, batch_id, now)
         groups = storage.groups.ids_of_batch(tx, batch_id)
-        state.discard_token_arrays(tx, groups)
+        storage.samples.discard_token_arrays(tx, groups)
         storage.tallies.drops.add(tx, policy, "untrainable_batch")
         result = Ack(ok=True, detail="batch consumed without a step", at=now)
     else:

@@ -12,21 +12,12 @@ they grow too stale (then they are dropped and freed).
 
 from __future__ import annotations
 
-from astraflow.dataflow import state, storage
+from astraflow.dataflow import storage
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.policies import GroupView
 from astraflow.dataflow.store import Tx
 
 POOL = "replay_pool"
-
-
-def _rewards(tx: Tx, group_id: str) -> list[float]:
-    return [
-        r[0]
-        for r in tx.execute(
-            "SELECT reward FROM samples WHERE group_id=? ORDER BY rowid", (group_id,)
-        ).fetchall()
-    ]
 
 
 def pool_candidates(ctx: Context, tx: Tx, policy: str, trainer_version: int, n: int) -> list:
@@ -40,14 +31,24 @@ def pool_candidates(ctx: Context, tx: Tx, policy: str, trainer_version: int, n: 
         return []
     by_id = {r[1]: r for r in rows}
     views = [
-        GroupView(r[1], r[2], policy, r[3], _rewards(tx, r[1]), r[0], r[6], r[4], r[5])
+        GroupView(
+            r[1],
+            r[2],
+            policy,
+            r[3],
+            storage.samples.rewards_of_group(tx, r[1]),
+            r[0],
+            r[6],
+            r[4],
+            r[5],
+        )
         for r in rows
     ]
     chosen, expired = replay.choose(views, trainer_version, n)
     if expired:
         ids = [g.id for g in expired]
         storage.groups.mark_all_dropped(tx, ids)
-        state.discard_token_arrays(tx, ids)
+        storage.samples.discard_token_arrays(tx, ids)
         storage.tallies.counters.add(tx, policy, "replay_expired", len(ids))
     return [by_id[g.id] for g in chosen]
 
@@ -63,22 +64,24 @@ def admit(ctx: Context, tx: Tx, policy: str, group_ids: list[str]) -> int:
         row = tx.one("SELECT origin, n FROM replays WHERE group_id=?", (gid,))
         origin, times = (row[0], row[1]) if row else (gid, 0)
         g = storage.groups.for_replay(tx, gid)
-        view = GroupView(gid, g[1], policy, g[2], _rewards(tx, gid), g[0], g[3], g[4], g[5])
+        view = GroupView(
+            gid,
+            g[1],
+            policy,
+            g[2],
+            storage.samples.rewards_of_group(tx, gid),
+            g[0],
+            g[3],
+            g[4],
+            g[5],
+        )
         if not replay.admits(view, times):
             continue
         copy_id = f"{origin}#r{times + 1}"
         if storage.groups.exists(tx, copy_id):
             continue  # already made (a batch served again after a rewind)
         suffix = f"#r{times + 1}"
-        tx.execute(
-            "INSERT INTO samples(id, episode_id, lease_id, task_id, policy, role, group_id, reward, "
-            "min_version, max_version, n_tokens, tokens, loss_mask, logprobs, versions) "
-            "SELECT substr(id, 1, CASE WHEN instr(id, '#r') > 0 THEN instr(id, '#r') - 1 "
-            "ELSE length(id) END) || ?, episode_id, 'replay:' || lease_id, task_id, policy, role, "
-            "?, reward, min_version, max_version, n_tokens, tokens, loss_mask, logprobs, versions "
-            "FROM samples WHERE group_id=? ORDER BY rowid",
-            (suffix, copy_id, gid),
-        )
+        storage.samples.copy_group(tx, suffix, copy_id, gid)
         storage.groups.insert(
             tx, (copy_id, g[1], policy, g[2], g[6], g[7], g[8], g[9], g[3], g[4], g[5], POOL, now)
         )

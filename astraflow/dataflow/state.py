@@ -46,13 +46,3 @@ def mark_done_time(tx: Tx, now: float) -> float:
         tx.set_meta("training_done_at", repr(now))
         return now
     return float(at)
-
-
-def discard_token_arrays(tx: Tx, group_ids: list[str]) -> None:
-    """Free the token arrays of samples no trainer will ever receive again (acked, filtered or
-    dropped groups), so that the store stops growing with every episode of a long run. Ids,
-    rewards and versions stay for the record."""
-    tx.executemany(
-        "UPDATE samples SET tokens=X'', loss_mask=X'', logprobs=X'', versions=X'' WHERE group_id=?",
-        [(g,) for g in group_ids],
-    )

@@ -37,13 +37,13 @@ def on_ack(ctx: Context, tx: Tx, policy: str, batch_id: str, checkpoint: int | N
     """After ``batch_id`` was acknowledged: free the samples no restart can need any more."""
     if checkpoint is None:  # the trainer cannot resume: nothing will be served again
         groups = storage.groups.ids_of_batch(tx, batch_id)
-        state.discard_token_arrays(tx, groups)
+        storage.samples.discard_token_arrays(tx, groups)
         return
     freed = int(tx.get_meta(_freed_key(policy)) or 0)
     if checkpoint <= freed:
         return
     groups = storage.groups.of_acked_steps(tx, policy, freed, checkpoint)
-    state.discard_token_arrays(tx, groups)
+    storage.samples.discard_token_arrays(tx, groups)
     tx.set_meta(_freed_key(policy), str(checkpoint))
 
 
