@@ -91,7 +91,7 @@ def push(
             )
         if len({t.role for t in ep.trajectories}) != len(ep.trajectories):
             return reject(f"episodes[{i}] has two trajectories for one role")
-        if ep.id in seen or tx.one("SELECT 1 FROM episodes WHERE id=?", (ep.id,)):
+        if ep.id in seen or storage.episodes.exists(tx, ep.id):
             return reject(f"episodes[{i}].id {ep.id!r} was already pushed")
         seen.add(ep.id)
 
@@ -119,9 +119,8 @@ def push(
 
 
 def _insert_episode(tx: Tx, ep: Episode, req: TrajectoryPush, is_eval: bool, now: float) -> None:
-    tx.execute(
-        "INSERT INTO episodes(id, task_id, lease_id, node_id, is_eval, finish_reason, error, "
-        "rewards, info, created_at) VALUES(?,?,?,?,?,?,?,?,?,?)",
+    storage.episodes.insert(
+        tx,
         (
             ep.id,
             ep.task_id,

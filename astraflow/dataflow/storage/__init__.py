@@ -10,6 +10,7 @@ batches, metrics and policy-state tables have not moved here yet (``docs/decisio
 
 from astraflow.dataflow.storage import (
     batches,
+    episodes,
     evaluations,
     feeder,
     groups,
@@ -27,6 +28,7 @@ from astraflow.dataflow.storage import (
 
 __all__ = [
     "batches",
+    "episodes",
     "evaluations",
     "feeder",
     "groups",
