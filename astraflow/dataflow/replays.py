@@ -61,7 +61,7 @@ def admit(ctx: Context, tx: Tx, policy: str, group_ids: list[str]) -> int:
     now = ctx.now()
     admitted = 0
     for gid in group_ids:
-        row = tx.one("SELECT origin, n FROM replays WHERE group_id=?", (gid,))
+        row = storage.replays.lineage(tx, gid)
         origin, times = (row[0], row[1]) if row else (gid, 0)
         g = storage.groups.for_replay(tx, gid)
         view = GroupView(
@@ -85,10 +85,7 @@ def admit(ctx: Context, tx: Tx, policy: str, group_ids: list[str]) -> int:
         storage.groups.insert(
             tx, (copy_id, g[1], policy, g[2], g[6], g[7], g[8], g[9], g[3], g[4], g[5], POOL, now)
         )
-        tx.execute(
-            "INSERT INTO replays(group_id, source, origin, n, created_at) VALUES(?,?,?,?,?)",
-            (copy_id, gid, origin, times + 1, now),
-        )
+        storage.replays.insert(tx, copy_id, gid, origin, times + 1, now)
         admitted += 1
     return admitted
 
