@@ -236,15 +236,14 @@ def serve(
         if key in empty:
             outcomes.append(empty[key])
             continue
-        tx.execute("SAVEPOINT lease_request")
+        tx.savepoint("lease_request")
         try:
             reply = _attempt(ctx, tx, req, latest, locations)
         except Exception as exc:  # this request's error; the others in the pass still run
-            tx.execute("ROLLBACK TO lease_request")
-            tx.execute("RELEASE lease_request")
+            tx.rollback_to("lease_request")
             outcomes.append(exc)
             continue
-        tx.execute("RELEASE lease_request")
+        tx.release("lease_request")
         if reply.leases:
             _remember(ctx, tx, req, reply)
         else:

@@ -61,7 +61,7 @@ def rewind(ctx: Context, tx: Tx, policy: str, version: int) -> int:
         hist = json.loads(summary)["staleness"]
         storage.staleness.subtract(tx, [(n, policy, int(k)) for k, n in hist.items()])
     tx.set_meta(_freed_key(policy), str(min(freed, version)))
-    tx.execute("DELETE FROM meta WHERE key='training_done_at'")
+    tx.delete_meta("training_done_at")
     _cancel_evaluations(tx, policy, version, ctx.now())
     ctx.metrics.forget(
         tx,
