@@ -9,6 +9,7 @@ module under ``envs/`` is read (function-level ones included), so a regression i
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,3 +84,60 @@ def test_each_component_has_one_process_entry_shaped_alike():
     serve = (REPO / "cli" / "serve.py").read_text(encoding="utf-8")
     for old in ("dataflow.server", "rollout.service", "trainer.service", "trainer.wiring"):
         assert f"astraflow.{old}" not in serve
+
+
+#: Statements of SQL as they are written in the dataflow service (string literals and f-strings).
+_SQL = re.compile(
+    r"\b(SELECT\s.*\bFROM|INSERT\s+(OR\s+\w+\s+)?INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM"
+    r"|SAVEPOINT|ROLLBACK|RELEASE\s+\w|PRAGMA|BEGIN\s+IMMEDIATE|CREATE\s+(TABLE|INDEX))\b"
+)
+_CURSOR_CALLS = {"execute", "executemany", "executescript"}
+
+
+def _sql_sites(path: Path) -> list[str]:
+    """Lines of ``path`` that run a statement on a connection (``.execute(...)`` and its
+    siblings) or hold a string that reads as SQL (what ``tx.one``/``tx.scalar`` would run)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _CURSOR_CALLS
+        ):
+            found.append(f"{node.lineno}: .{node.func.attr}(")
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and _SQL.search(node.value)
+        ):
+            found.append(f"{node.lineno}: {node.value[:60]!r}")
+    return found
+
+
+def test_dataflow_sql_lives_in_the_storage_package_and_the_store():
+    """One storage module owns the SQL (docs/decisions.md, "Dataflow SQL in a storage package"):
+    the statements on each table are functions in ``astraflow/dataflow/storage/``, the schema,
+    meta table and transaction control are in ``store.py``; the domain modules (leases, ingest,
+    batching, policies, ...) call them. Why a test: the statements had spread over up to six
+    modules per table, so a schema change had to find them all."""
+    root = REPO / "astraflow" / "dataflow"
+    bad = [
+        f"{path.relative_to(REPO)}:{site}"
+        for path in sorted(root.rglob("*.py"))
+        if path.parent.name != "storage" and path != root / "store.py"
+        for site in _sql_sites(path)
+    ]
+    assert bad == []
+
+
+def test_the_sql_scan_sees_statements_and_cursor_calls(tmp_path):
+    probe = tmp_path / "m.py"
+    probe.write_text(
+        "def f(tx, t):\n"
+        "    tx.one('SELECT 1 FROM groups WHERE id=?', (1,))\n"
+        "    tx.conn.executemany(q, rows)\n"
+        "    tx.scalar(f'SELECT COUNT(*) FROM {t} WHERE x=?')\n"
+        "    route = ('DELETE', '/nodes/{node_id}')\n"
+    )
+    sites = _sql_sites(probe)
+    assert sorted(s.split(":")[0] for s in sites) == ["2", "3", "4"], sites

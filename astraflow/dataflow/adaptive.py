@@ -21,7 +21,7 @@ def load(ctx: Context, tx: Tx) -> None:
     pipe = ctx.pipeline
     for obs in pipe.observers:
         key = pipe.observer_key(obs)
-        rows = tx.execute("SELECT key, value FROM policy_state WHERE policy=?", (key,)).fetchall()
+        rows = storage.policy_state.of_policy(tx, key)
         if rows:
             obs.load_state({k: json.loads(v) for k, v in rows})
 
@@ -33,11 +33,7 @@ def persist(ctx: Context, tx: Tx) -> None:
         changes = obs.state_changes()
         if changes:
             key = pipe.observer_key(obs)
-            tx.executemany(
-                "INSERT INTO policy_state(policy, key, value) VALUES(?,?,?) "
-                "ON CONFLICT(policy, key) DO UPDATE SET value=excluded.value",
-                [(key, k, json.dumps(v)) for k, v in changes.items()],
-            )
+            storage.policy_state.save(tx, [(key, k, json.dumps(v)) for k, v in changes.items()])
 
 
 def observe(ctx: Context, tx: Tx, group: GroupView) -> None:

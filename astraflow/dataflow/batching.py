@@ -47,14 +47,11 @@ def no_more_data(ctx: Context, tx: Tx) -> bool:
 def next_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
     """A BatchReply as a wire dict (packed arrays), or None when the caller should wait."""
     _check_policy(ctx, req.policy)
-    row = tx.one(
-        "SELECT id FROM batches WHERE policy=? AND state='served' ORDER BY seq LIMIT 1",
-        (req.policy,),
-    )
+    row = storage.batches.oldest_served(tx, req.policy)
     if row is not None:
-        tx.execute("UPDATE batches SET served = served + 1 WHERE id=?", (row[0],))
+        storage.batches.count_redelivery(tx, row[0])
         return reply(batch=assemble(tx, row[0]), redelivered=True)
-    done_steps = state.steps(tx).get(req.policy, 0)
+    done_steps = storage.batches.steps(tx).get(req.policy, 0)
     if done_steps >= ctx.config.recipe.run.max_steps:
         return reply(done=True, reason=f"policy {req.policy!r} reached run.max_steps")
     return ctx.mode.next_batch(ctx, tx, req)
@@ -71,15 +68,7 @@ def reply(
 
 
 def _ready_groups(ctx: Context, tx: Tx, policy: str, round_: int | None = None) -> list[tuple]:
-    sql = (
-        "SELECT seq, id, task_id, task_set, priority, deadline, min_version, reward_mean, "
-        "reward_std FROM groups WHERE policy=? AND state='ready'"
-    )
-    params: tuple = (policy,)
-    if round_ is not None:
-        sql += " AND round=?"
-        params = (policy, round_)
-    rows = tx.execute(sql, params).fetchall()
+    rows = storage.groups.ready(tx, policy, round_)
     order = ctx.pipeline.group_order
     rows.sort(
         key=lambda r: order.sort_key(
@@ -91,9 +80,7 @@ def _ready_groups(ctx: Context, tx: Tx, policy: str, round_: int | None = None) 
 
 def _filter_group(ctx: Context, tx: Tx, group_id: str, trainer_version: int):
     kept, dropped = [], Counter()
-    for sid, reward, min_v in tx.execute(
-        "SELECT id, reward, min_version FROM samples WHERE group_id=? ORDER BY rowid", (group_id,)
-    ).fetchall():
+    for sid, reward, min_v in storage.samples.of_group(tx, group_id):
         view = SampleView(sid, group_id, reward, min_v)
         reason = None
         for f in ctx.pipeline.sample_filters:
@@ -118,8 +105,8 @@ def next_async_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
         kept, g_dropped = _filter_group(ctx, tx, g[1], req.trainer_version)
         if not kept:
             # Every sample of the group is dropped for good (staleness only grows): final.
-            tx.execute("UPDATE groups SET state='dropped' WHERE id=?", (g[1],))
-            state.discard_token_arrays(tx, [g[1]])
+            storage.groups.mark_dropped(tx, g[1])
+            storage.samples.discard_token_arrays(tx, [g[1]])
             for reason, n in g_dropped.items():
                 storage.tallies.drops.add(tx, req.policy, reason, n)
             dropped.update(g_dropped)
@@ -137,8 +124,8 @@ def next_async_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
         if kept:
             chosen.append((g, kept, g_dropped))
         else:  # a replay bound looser than the staleness bound: the copy is dropped, counted
-            tx.execute("UPDATE groups SET state='dropped' WHERE id=?", (g[1],))
-            state.discard_token_arrays(tx, [g[1]])
+            storage.groups.mark_dropped(tx, g[1])
+            storage.samples.discard_token_arrays(tx, [g[1]])
             for reason, n in g_dropped.items():
                 storage.tallies.drops.add(tx, req.policy, reason, n)
             dropped.update(g_dropped)
@@ -147,11 +134,7 @@ def next_async_batch(ctx: Context, tx: Tx, req: BatchRequest) -> dict | None:
 
 def round_acked(tx: Tx, policy: str, round_: int) -> bool:
     """Lock-step mode: ``policy`` acknowledged its batch of round ``round_``."""
-    return bool(
-        tx.one(
-            "SELECT 1 FROM batches WHERE policy=? AND round=? AND state='acked'", (policy, round_)
-        )
-    )
+    return bool(storage.batches.round_acked(tx, policy, round_))
 
 
 def next_round_batch(ctx: Context, tx: Tx, req: BatchRequest, round_: int) -> dict | None:
@@ -169,8 +152,8 @@ def next_round_batch(ctx: Context, tx: Tx, req: BatchRequest, round_: int) -> di
     for g in _ready_groups(ctx, tx, req.policy, round_):
         kept, g_dropped = _filter_group(ctx, tx, g[1], req.trainer_version)
         if not kept:
-            tx.execute("UPDATE groups SET state='dropped' WHERE id=?", (g[1],))
-            state.discard_token_arrays(tx, [g[1]])
+            storage.groups.mark_dropped(tx, g[1])
+            storage.samples.discard_token_arrays(tx, [g[1]])
             for reason, n in g_dropped.items():
                 storage.tallies.drops.add(tx, req.policy, reason, n)
             dropped.update(g_dropped)
@@ -211,9 +194,8 @@ def _create_batch(ctx, tx, req, chosen, dropped: Counter, round_) -> dict:
         "staleness": {str(k): v for k, v in sorted(staleness.items())},
         "dropped": dict(dropped),
     }
-    tx.execute(
-        "INSERT INTO batches(id, policy, trainer_id, trainer_version, round, layout, summary, "
-        "state, created_at) VALUES(?,?,?,?,?,?,?,'served',?)",
+    storage.batches.insert(
+        tx,
         (
             batch_id,
             req.policy,
@@ -225,10 +207,7 @@ def _create_batch(ctx, tx, req, chosen, dropped: Counter, round_) -> dict:
             ctx.now(),
         ),
     )
-    tx.executemany(
-        "UPDATE groups SET state='batched', batch_id=? WHERE id=?",
-        [(batch_id, g[1]) for g, _, _ in chosen],
-    )
+    storage.groups.mark_batched(tx, [(batch_id, g[1]) for g, _, _ in chosen])
     if n_replayed:
         storage.tallies.counters.add(tx, req.policy, "replayed_samples", n_replayed)
         storage.tallies.counters.add(
@@ -243,21 +222,13 @@ def _create_batch(ctx, tx, req, chosen, dropped: Counter, round_) -> dict:
 def assemble(tx: Tx, batch_id: str) -> dict:
     """The stored batch as a wire dict: the same groups, samples, advantages and weights as when
     it was first served (token arrays stay the packed bytes they were stored as)."""
-    policy, trainer_version, layout, summary = tx.one(
-        "SELECT policy, trainer_version, layout, summary FROM batches WHERE id=?", (batch_id,)
-    )
+    policy, trainer_version, layout, summary = storage.batches.for_assembly(tx, batch_id)
     groups = []
     for group_id, entries in json.loads(layout):
-        g = tx.one(
-            "SELECT task_id, task_set, reward_mean, reward_std FROM groups WHERE id=?", (group_id,)
-        )
+        g = storage.groups.for_assembly(tx, group_id)
         samples = []
         for sid, adv, weight in entries:
-            r = tx.one(
-                "SELECT role, task_id, episode_id, tokens, loss_mask, logprobs, versions, reward "
-                "FROM samples WHERE id=?",
-                (sid,),
-            )
+            r = storage.samples.for_assembly(tx, sid)
             tokens, loss_mask, logprobs, versions = unstore(r[3], r[4], r[5], r[6])
             samples.append(
                 {
@@ -301,7 +272,7 @@ def ack(ctx: Context, tx: Tx, batch_id: str, req: BatchAck) -> Ack:
     if cached is not None:
         return Ack.model_validate(state.unpack(cached))
     now = ctx.now()
-    row = tx.one("SELECT policy, state, summary, round FROM batches WHERE id=?", (batch_id,))
+    row = storage.batches.for_ack(tx, batch_id)
     if row is None:
         raise NotFound(f"unknown batch {batch_id!r}", "batch_id")
     policy, b_state, summary_json, round_ = row
@@ -311,25 +282,18 @@ def ack(ctx: Context, tx: Tx, batch_id: str, req: BatchAck) -> Ack:
         result = Ack(ok=True, detail="batch belongs to a rewound timeline; not a step", at=now)
     elif not req.trained:
         # consumed without an optimizer step (nothing trainable): done with, not a step
-        tx.execute("UPDATE batches SET state='skipped', acked_at=? WHERE id=?", (now, batch_id))
-        groups = [r[0] for r in tx.execute("SELECT id FROM groups WHERE batch_id=?", (batch_id,))]
-        state.discard_token_arrays(tx, groups)
+        storage.batches.mark_skipped(tx, batch_id, now)
+        groups = storage.groups.ids_of_batch(tx, batch_id)
+        storage.samples.discard_token_arrays(tx, groups)
         storage.tallies.drops.add(tx, policy, "untrainable_batch")
         result = Ack(ok=True, detail="batch consumed without a step", at=now)
     else:
-        step = state.steps(tx).get(policy, 0) + 1
-        tx.execute(
-            "UPDATE batches SET state='acked', acked_at=?, step=? WHERE id=?",
-            (now, step, batch_id),
-        )
+        step = storage.batches.steps(tx).get(policy, 0) + 1
+        storage.batches.mark_acked(tx, batch_id, now, step)
         timeline.on_ack(ctx, tx, policy, batch_id, req.checkpoint_version)
         summary = json.loads(summary_json)
         hist = {int(k): v for k, v in summary["staleness"].items()}
-        tx.executemany(
-            "INSERT INTO staleness(policy, staleness, count) VALUES(?,?,?) "
-            "ON CONFLICT(policy, staleness) DO UPDATE SET count = count + excluded.count",
-            [(policy, k, v) for k, v in hist.items()],
-        )
+        storage.staleness.add(tx, [(policy, k, v) for k, v in hist.items()])
         n = sum(hist.values())
         ctx.metrics.record(
             tx,

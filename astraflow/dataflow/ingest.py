@@ -91,7 +91,7 @@ def push(
             )
         if len({t.role for t in ep.trajectories}) != len(ep.trajectories):
             return reject(f"episodes[{i}] has two trajectories for one role")
-        if ep.id in seen or tx.one("SELECT 1 FROM episodes WHERE id=?", (ep.id,)):
+        if ep.id in seen or storage.episodes.exists(tx, ep.id):
             return reject(f"episodes[{i}].id {ep.id!r} was already pushed")
         seen.add(ep.id)
 
@@ -119,9 +119,8 @@ def push(
 
 
 def _insert_episode(tx: Tx, ep: Episode, req: TrajectoryPush, is_eval: bool, now: float) -> None:
-    tx.execute(
-        "INSERT INTO episodes(id, task_id, lease_id, node_id, is_eval, finish_reason, error, "
-        "rewards, info, created_at) VALUES(?,?,?,?,?,?,?,?,?,?)",
+    storage.episodes.insert(
+        tx,
         (
             ep.id,
             ep.task_id,
@@ -169,12 +168,7 @@ def _insert_samples(
                 *a.stored(),
             )
         )
-    tx.executemany(
-        "INSERT INTO samples(id, episode_id, lease_id, task_id, policy, group_id, role, reward, "
-        "min_version, max_version, n_tokens, tokens, loss_mask, logprobs, versions) "
-        "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-        rows,
-    )
+    storage.samples.insert(tx, rows)
     return len(rows)
 
 
@@ -205,18 +199,13 @@ def _complete(ctx: Context, tx: Tx, task_id: str, lease_id: str, task: tuple) ->
     storage.leases.mark_finished(tx, lease_id)
     for loser in storage.leases.others_of_task(tx, task_id, lease_id):
         storage.leases.mark_superseded(tx, loser)
-        for policy, n in tx.execute(
-            "SELECT policy, COUNT(*) FROM samples WHERE lease_id=? GROUP BY policy", (loser,)
-        ).fetchall():
+        for policy, n in storage.samples.counts_of_lease(tx, loser):
             storage.tallies.drops.add(tx, policy, "superseded", n)
-        tx.execute("DELETE FROM samples WHERE lease_id=?", (loser,))
+        storage.samples.delete_of_lease(tx, loser)
     if is_eval:
         return
     by_policy: dict[str, list[tuple[str, float, int]]] = {}
-    for sid, policy, reward, min_v in tx.execute(
-        "SELECT id, policy, reward, min_version FROM samples WHERE lease_id=? ORDER BY rowid",
-        (lease_id,),
-    ).fetchall():
+    for sid, policy, reward, min_v in storage.samples.of_lease(tx, lease_id):
         by_policy.setdefault(policy, []).append((sid, reward, min_v))
     for policy, samples in by_policy.items():
         rewards = [s[1] for s in samples]
@@ -240,10 +229,8 @@ def _complete(ctx: Context, tx: Tx, task_id: str, lease_id: str, task: tuple) ->
                 break
         if reason:
             storage.tallies.drops.add(tx, policy, reason, len(samples))
-        tx.execute(
-            "INSERT INTO groups(id, task_id, policy, task_set, round, size, reward_mean, "
-            "reward_std, min_version, priority, deadline, state, created_at) "
-            "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        storage.groups.insert(
+            tx,
             (
                 group_id,
                 task_id,
@@ -261,5 +248,5 @@ def _complete(ctx: Context, tx: Tx, task_id: str, lease_id: str, task: tuple) ->
             ),
         )
         if reason:
-            state.discard_token_arrays(tx, [group_id])
+            storage.samples.discard_token_arrays(tx, [group_id])
         adaptive.observe(ctx, tx, view)

@@ -128,13 +128,9 @@ def buffer_room(ctx: Context, tx: Tx) -> tuple[int, str | None]:
     if not steps or not ctx.config.trainable:
         return 1 << 30, None
     in_flight = storage.leases.in_flight_training(tx)
-    ready = dict(
-        tx.execute(
-            "SELECT policy, COUNT(*) FROM groups WHERE state='ready' GROUP BY policy"
-        ).fetchall()
-    )
+    ready = dict(storage.groups.ready_counts(tx))
     room, tightest = 1 << 30, ""
-    done_steps = state.steps(tx)
+    done_steps = storage.batches.steps(tx)
     for p in ctx.config.trainable:
         if done_steps.get(p, 0) >= ctx.config.recipe.run.max_steps:
             continue  # a finished policy consumes nothing more; it must not hold the others back
@@ -240,15 +236,14 @@ def serve(
         if key in empty:
             outcomes.append(empty[key])
             continue
-        tx.execute("SAVEPOINT lease_request")
+        tx.savepoint("lease_request")
         try:
             reply = _attempt(ctx, tx, req, latest, locations)
         except Exception as exc:  # this request's error; the others in the pass still run
-            tx.execute("ROLLBACK TO lease_request")
-            tx.execute("RELEASE lease_request")
+            tx.rollback_to("lease_request")
             outcomes.append(exc)
             continue
-        tx.execute("RELEASE lease_request")
+        tx.release("lease_request")
         if reply.leases:
             _remember(ctx, tx, req, reply)
         else:

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from astraflow.dataflow import storage
 from astraflow.dataflow.store import Tx
 
 
@@ -37,8 +38,7 @@ class MetricsLog:
 
     def record(self, tx: Tx, record: dict) -> None:
         """Store ``record`` in this transaction; it reaches the file after the commit."""
-        cur = tx.execute("INSERT INTO metric_records(body) VALUES(?)", (json.dumps(record),))
-        seq = cur.lastrowid
+        seq = storage.metric_records.insert(tx, json.dumps(record))
         line = json.dumps({"seq": seq, **record}, sort_keys=False)
         tx.after_commit.append(lambda: self._append(seq, line))
 
@@ -56,13 +56,13 @@ class MetricsLog:
         after the commit the file is rewritten from the store, atomically. Returns how many."""
         doomed = [
             seq
-            for seq, body in tx.execute("SELECT seq, body FROM metric_records")
+            for seq, body in storage.metric_records.all_unordered(tx)
             if matches(json.loads(body))
         ]
         if not doomed:
             return 0
-        tx.executemany("DELETE FROM metric_records WHERE seq=?", [(s,) for s in doomed])
-        rows = tx.execute("SELECT seq, body FROM metric_records ORDER BY seq").fetchall()
+        storage.metric_records.delete(tx, doomed)
+        rows = storage.metric_records.all_in_order(tx)
         tx.after_commit.append(lambda: self._rewrite(rows))
         return len(doomed)
 
@@ -80,9 +80,7 @@ class MetricsLog:
 
     def recover(self, tx: Tx) -> int:
         """Append committed records missing from the file; returns how many were written."""
-        rows = tx.execute(
-            "SELECT seq, body FROM metric_records WHERE seq > ? ORDER BY seq", (self._last_seq,)
-        ).fetchall()
+        rows = storage.metric_records.after(tx, self._last_seq)
         for seq, body in rows:
             self._append(seq, json.dumps({"seq": seq, **json.loads(body)}))
         return len(rows)

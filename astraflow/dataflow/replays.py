@@ -12,21 +12,12 @@ they grow too stale (then they are dropped and freed).
 
 from __future__ import annotations
 
-from astraflow.dataflow import state, storage
+from astraflow.dataflow import storage
 from astraflow.dataflow.context import Context
 from astraflow.dataflow.policies import GroupView
 from astraflow.dataflow.store import Tx
 
 POOL = "replay_pool"
-
-
-def _rewards(tx: Tx, group_id: str) -> list[float]:
-    return [
-        r[0]
-        for r in tx.execute(
-            "SELECT reward FROM samples WHERE group_id=? ORDER BY rowid", (group_id,)
-        ).fetchall()
-    ]
 
 
 def pool_candidates(ctx: Context, tx: Tx, policy: str, trainer_version: int, n: int) -> list:
@@ -35,23 +26,29 @@ def pool_candidates(ctx: Context, tx: Tx, policy: str, trainer_version: int, n: 
     replay = ctx.pipeline.replay
     if replay is None or n <= 0:
         return []
-    rows = tx.execute(
-        "SELECT seq, id, task_id, task_set, priority, deadline, min_version, reward_mean, "
-        "reward_std FROM groups WHERE policy=? AND state=?",
-        (policy, POOL),
-    ).fetchall()
+    rows = storage.groups.in_state(tx, policy, POOL)
     if not rows:
         return []
     by_id = {r[1]: r for r in rows}
     views = [
-        GroupView(r[1], r[2], policy, r[3], _rewards(tx, r[1]), r[0], r[6], r[4], r[5])
+        GroupView(
+            r[1],
+            r[2],
+            policy,
+            r[3],
+            storage.samples.rewards_of_group(tx, r[1]),
+            r[0],
+            r[6],
+            r[4],
+            r[5],
+        )
         for r in rows
     ]
     chosen, expired = replay.choose(views, trainer_version, n)
     if expired:
         ids = [g.id for g in expired]
-        tx.executemany("UPDATE groups SET state='dropped' WHERE id=?", [(i,) for i in ids])
-        state.discard_token_arrays(tx, ids)
+        storage.groups.mark_all_dropped(tx, ids)
+        storage.samples.discard_token_arrays(tx, ids)
         storage.tallies.counters.add(tx, policy, "replay_expired", len(ids))
     return [by_id[g.id] for g in chosen]
 
@@ -64,39 +61,31 @@ def admit(ctx: Context, tx: Tx, policy: str, group_ids: list[str]) -> int:
     now = ctx.now()
     admitted = 0
     for gid in group_ids:
-        row = tx.one("SELECT origin, n FROM replays WHERE group_id=?", (gid,))
+        row = storage.replays.lineage(tx, gid)
         origin, times = (row[0], row[1]) if row else (gid, 0)
-        g = tx.one(
-            "SELECT seq, task_id, task_set, min_version, priority, deadline, round, size, "
-            "reward_mean, reward_std FROM groups WHERE id=?",
-            (gid,),
+        g = storage.groups.for_replay(tx, gid)
+        view = GroupView(
+            gid,
+            g[1],
+            policy,
+            g[2],
+            storage.samples.rewards_of_group(tx, gid),
+            g[0],
+            g[3],
+            g[4],
+            g[5],
         )
-        view = GroupView(gid, g[1], policy, g[2], _rewards(tx, gid), g[0], g[3], g[4], g[5])
         if not replay.admits(view, times):
             continue
         copy_id = f"{origin}#r{times + 1}"
-        if tx.one("SELECT 1 FROM groups WHERE id=?", (copy_id,)):
+        if storage.groups.exists(tx, copy_id):
             continue  # already made (a batch served again after a rewind)
         suffix = f"#r{times + 1}"
-        tx.execute(
-            "INSERT INTO samples(id, episode_id, lease_id, task_id, policy, role, group_id, reward, "
-            "min_version, max_version, n_tokens, tokens, loss_mask, logprobs, versions) "
-            "SELECT substr(id, 1, CASE WHEN instr(id, '#r') > 0 THEN instr(id, '#r') - 1 "
-            "ELSE length(id) END) || ?, episode_id, 'replay:' || lease_id, task_id, policy, role, "
-            "?, reward, min_version, max_version, n_tokens, tokens, loss_mask, logprobs, versions "
-            "FROM samples WHERE group_id=? ORDER BY rowid",
-            (suffix, copy_id, gid),
+        storage.samples.copy_group(tx, suffix, copy_id, gid)
+        storage.groups.insert(
+            tx, (copy_id, g[1], policy, g[2], g[6], g[7], g[8], g[9], g[3], g[4], g[5], POOL, now)
         )
-        tx.execute(
-            "INSERT INTO groups(id, task_id, policy, task_set, round, size, reward_mean, "
-            "reward_std, min_version, priority, deadline, state, created_at) "
-            "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (copy_id, g[1], policy, g[2], g[6], g[7], g[8], g[9], g[3], g[4], g[5], POOL, now),
-        )
-        tx.execute(
-            "INSERT INTO replays(group_id, source, origin, n, created_at) VALUES(?,?,?,?,?)",
-            (copy_id, gid, origin, times + 1, now),
-        )
+        storage.replays.insert(tx, copy_id, gid, origin, times + 1, now)
         admitted += 1
     return admitted
 

@@ -17,13 +17,6 @@ def unpack(data: bytes) -> object:
     return msgpack.unpackb(data, raw=False)
 
 
-def steps(tx: Tx) -> dict[str, int]:
-    rows = tx.execute(
-        "SELECT policy, COUNT(*) FROM batches WHERE state='acked' GROUP BY policy"
-    ).fetchall()
-    return {p: n for p, n in rows}
-
-
 def outstanding_training_tasks(tx: Tx) -> int:
     return storage.tasks.outstanding_training(tx)
 
@@ -40,7 +33,7 @@ def training_done(tx: Tx, config: ServiceConfig, feeder_exhausted: bool) -> bool
     """Every trainable policy acked max_steps batches (or, without trainers, tasks ran out)."""
     trainable = config.trainable
     if trainable:
-        done_steps = steps(tx)
+        done_steps = storage.batches.steps(tx)
         if all(done_steps.get(p, 0) >= config.recipe.run.max_steps for p in trainable):
             return True
         return False
@@ -53,13 +46,3 @@ def mark_done_time(tx: Tx, now: float) -> float:
         tx.set_meta("training_done_at", repr(now))
         return now
     return float(at)
-
-
-def discard_token_arrays(tx: Tx, group_ids: list[str]) -> None:
-    """Free the token arrays of samples no trainer will ever receive again (acked, filtered or
-    dropped groups), so that the store stops growing with every episode of a long run. Ids,
-    rewards and versions stay for the record."""
-    tx.executemany(
-        "UPDATE samples SET tokens=X'', loss_mask=X'', logprobs=X'', versions=X'' WHERE group_id=?",
-        [(g,) for g in group_ids],
-    )

@@ -24,12 +24,7 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
         queue[key] = queue.get(key, 0) + n
     lease_counts = storage.leases.counts_by_state(tx)
     since = now - THROUGHPUT_WINDOW_S
-    recent = dict(
-        tx.execute(
-            "SELECT node_id, COUNT(*) FROM episodes WHERE created_at > ? GROUP BY node_id",
-            (since,),
-        ).fetchall()
-    )
+    recent = dict(storage.episodes.counts_by_node_since(tx, since))
     active = storage.leases.active_by_node(tx)
     nodes = []
     for nid, body, versions, n_state, last_hb, episodes, metrics in storage.nodes.all_rows(tx):
@@ -54,22 +49,13 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
             )
         )
     latest = storage.versions.latest_weights(tx)
-    steps = state.steps(tx)
+    steps = storage.batches.steps(tx)
     drops = storage.tallies.drops.by_policy(tx)
     counters = storage.tallies.counters.by_policy(tx)
-    buffers = {
-        p: (g, s)
-        for p, g, s in tx.execute(
-            "SELECT policy, COUNT(*), SUM(size) FROM groups WHERE state='ready' GROUP BY policy"
-        )
-    }
-    unacked = dict(
-        tx.execute(
-            "SELECT policy, COUNT(*) FROM batches WHERE state='served' GROUP BY policy"
-        ).fetchall()
-    )
+    buffers = {p: (g, s) for p, g, s in storage.groups.buffered(tx)}
+    unacked = dict(storage.batches.unacked_counts(tx))
     hist: dict[str, dict[str, int]] = {}
-    for p, k, v in tx.execute("SELECT policy, staleness, count FROM staleness ORDER BY staleness"):
+    for p, k, v in storage.staleness.histogram(tx):
         hist.setdefault(p, {})[str(k)] = v
     policies = {}
     for name, pc in recipe.policies.items():
@@ -101,8 +87,7 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
         in_flight_leases=lease_counts.get("active", 0),
         expired_leases=lease_counts.get("expired", 0),
         tasks_done=storage.tasks.done_training_count(tx),
-        # episodes are never deleted, so the largest rowid is their count (no table scan)
-        episodes=tx.scalar("SELECT MAX(rowid) FROM episodes", (), 0),
+        episodes=storage.episodes.count(tx),
         episodes_per_s=total_recent / THROUGHPUT_WINDOW_S,
         nodes=nodes,
         policies=policies,

@@ -233,6 +233,23 @@ class Tx:
             (key, value),
         )
 
+    def delete_meta(self, key: str) -> None:
+        self.execute("DELETE FROM meta WHERE key=?", (key,))
+
+    # A savepoint inside the operation: one part of it (a lease request of a batched pass) can
+    # fail and be undone without failing the operation's other parts.
+    def savepoint(self, name: str) -> None:
+        self.execute(f"SAVEPOINT {name}")
+
+    def release(self, name: str) -> None:
+        """Keep what was done since :meth:`savepoint`."""
+        self.execute(f"RELEASE {name}")
+
+    def rollback_to(self, name: str) -> None:
+        """Undo what was done since :meth:`savepoint` and end the savepoint."""
+        self.execute(f"ROLLBACK TO {name}")
+        self.execute(f"RELEASE {name}")
+
 
 Op = Callable[[Tx], T]
 

@@ -36,21 +36,14 @@ def _freed_key(policy: str) -> str:
 def on_ack(ctx: Context, tx: Tx, policy: str, batch_id: str, checkpoint: int | None) -> None:
     """After ``batch_id`` was acknowledged: free the samples no restart can need any more."""
     if checkpoint is None:  # the trainer cannot resume: nothing will be served again
-        groups = [r[0] for r in tx.execute("SELECT id FROM groups WHERE batch_id=?", (batch_id,))]
-        state.discard_token_arrays(tx, groups)
+        groups = storage.groups.ids_of_batch(tx, batch_id)
+        storage.samples.discard_token_arrays(tx, groups)
         return
     freed = int(tx.get_meta(_freed_key(policy)) or 0)
     if checkpoint <= freed:
         return
-    groups = [
-        r[0]
-        for r in tx.execute(
-            "SELECT g.id FROM groups g JOIN batches b ON g.batch_id = b.id "
-            "WHERE b.policy=? AND b.state='acked' AND b.step > ? AND b.step <= ?",
-            (policy, freed, checkpoint),
-        )
-    ]
-    state.discard_token_arrays(tx, groups)
+    groups = storage.groups.of_acked_steps(tx, policy, freed, checkpoint)
+    storage.samples.discard_token_arrays(tx, groups)
     tx.set_meta(_freed_key(policy), str(checkpoint))
 
 
@@ -58,27 +51,17 @@ def rewind(ctx: Context, tx: Tx, policy: str, version: int) -> int:
     """``policy``'s trainer restarted at ``version``: undo the acknowledged steps after it.
 
     Returns how many steps were undone (0 when the announcement is not a rewind)."""
-    later = tx.execute(
-        "SELECT id, step, summary FROM batches WHERE policy=? AND state='acked' AND step > ? "
-        "ORDER BY step",
-        (policy, version),
-    ).fetchall()
+    later = storage.batches.acked_after(tx, policy, version)
     if not later:
         return 0
     freed = int(tx.get_meta(_freed_key(policy)) or 0)
     for batch_id, step, summary in later:
         replayable = step > freed
-        tx.execute(
-            "UPDATE batches SET state=?, acked_at=NULL, step=NULL WHERE id=?",
-            ("served" if replayable else "rewound", batch_id),
-        )
+        storage.batches.unack(tx, batch_id, "served" if replayable else "rewound")
         hist = json.loads(summary)["staleness"]
-        tx.executemany(
-            "UPDATE staleness SET count = MAX(0, count - ?) WHERE policy=? AND staleness=?",
-            [(n, policy, int(k)) for k, n in hist.items()],
-        )
+        storage.staleness.subtract(tx, [(n, policy, int(k)) for k, n in hist.items()])
     tx.set_meta(_freed_key(policy), str(min(freed, version)))
-    tx.execute("DELETE FROM meta WHERE key='training_done_at'")
+    tx.delete_meta("training_done_at")
     _cancel_evaluations(tx, policy, version, ctx.now())
     ctx.metrics.forget(
         tx,
