@@ -81,6 +81,7 @@ def push(
         )
     roles = ctx.config.roles
     seen: set[str] = set()
+    pushed_before = storage.episodes.existing(tx, [ep.id for ep in req.episodes])
     for i, ep in enumerate(req.episodes):
         if ep.task_id != task_id:
             return reject(f"episodes[{i}].task_id is {ep.task_id!r}, lease is for {task_id!r}")
@@ -91,13 +92,15 @@ def push(
             )
         if len({t.role for t in ep.trajectories}) != len(ep.trajectories):
             return reject(f"episodes[{i}] has two trajectories for one role")
-        if ep.id in seen or storage.episodes.exists(tx, ep.id):
+        if ep.id in seen or ep.id in pushed_before:
             return reject(f"episodes[{i}].id {ep.id!r} was already pushed")
         seen.add(ep.id)
 
     n_samples = 0
+    storage.episodes.insert_many(
+        tx, [_episode_row(ep, req, bool(is_eval), now) for ep in req.episodes]
+    )
     for i, ep in enumerate(req.episodes):
-        _insert_episode(tx, ep, req, bool(is_eval), now)
         if is_eval:
             record_eval_episode(ctx, tx, eval_id, eval_policy, ep)
         else:
@@ -118,21 +121,18 @@ def push(
     return result
 
 
-def _insert_episode(tx: Tx, ep: Episode, req: TrajectoryPush, is_eval: bool, now: float) -> None:
-    storage.episodes.insert(
-        tx,
-        (
-            ep.id,
-            ep.task_id,
-            req.lease_id,
-            req.node_id,
-            int(is_eval),
-            ep.finish_reason,
-            ep.error,
-            json.dumps(ep.rewards),
-            json.dumps({"info": ep.info, "metrics": ep.metrics}, default=str),
-            now,
-        ),
+def _episode_row(ep: Episode, req: TrajectoryPush, is_eval: bool, now: float) -> tuple:
+    return (
+        ep.id,
+        ep.task_id,
+        req.lease_id,
+        req.node_id,
+        int(is_eval),
+        ep.finish_reason,
+        ep.error,
+        json.dumps(ep.rewards),
+        json.dumps({"info": ep.info, "metrics": ep.metrics}, default=str),
+        now,
     )
 
 

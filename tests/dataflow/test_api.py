@@ -125,6 +125,28 @@ def test_push_validation_reasons(client):
     assert client.status()["policies"]["policy"]["buffer_groups"] == 1
 
 
+def test_an_episode_id_is_stored_once(client):
+    """An episode id repeated inside one push, or already pushed under another key, is refused
+    with the index of the first repeat; nothing of the refused push is stored."""
+    node = _node(client)
+    lease = client.lease(node_id=node, max_tasks=1, versions={"policy": 0}).leases[0]
+    first = group(lease.task.id, [1, 0])
+    assert client.push(node_id=node, lease_id=lease.id, episodes=first).accepted
+    twice = group(lease.task.id, [1])
+    twice.append(twice[0].model_copy())
+    inside = client.push(node_id=node, lease_id=lease.id, episodes=twice)
+    assert not inside.accepted and "episodes[1].id" in inside.reason
+    again = client.push(
+        node_id=node, lease_id=lease.id, episodes=[*group(lease.task.id, [1]), first[1]]
+    )
+    assert not again.accepted and "episodes[1].id" in again.reason
+    assert "already pushed" in again.reason
+    # the refused pushes stored nothing: two more fresh episodes complete the group of 4
+    done = client.push(node_id=node, lease_id=lease.id, episodes=group(lease.task.id, [1, 0]))
+    assert done.accepted
+    assert client.status()["policies"]["policy"]["buffer_groups"] == 1
+
+
 def test_error_episodes_counted_and_group_formed_from_rest(client):
     node = _node(client)
     lease = client.lease(node_id=node, max_tasks=1, versions={"policy": 0}).leases[0]

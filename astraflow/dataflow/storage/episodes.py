@@ -6,17 +6,23 @@ from __future__ import annotations
 from astraflow.dataflow.store import Tx
 
 
-def exists(tx: Tx, episode_id: str) -> tuple | None:
-    return tx.one("SELECT 1 FROM episodes WHERE id=?", (episode_id,))
+def existing(tx: Tx, episode_ids: list[str]) -> set[str]:
+    """Which of ``episode_ids`` were pushed already: one query for a whole push (the store's
+    single writer runs every statement of every push, so statements per push bound the rate)."""
+    if not episode_ids:
+        return set()
+    marks = ",".join("?" * len(episode_ids))
+    rows = tx.execute(f"SELECT id FROM episodes WHERE id IN ({marks})", episode_ids)
+    return {r[0] for r in rows}
 
 
-def insert(tx: Tx, row: tuple) -> None:
-    """(id, task_id, lease_id, node_id, is_eval, finish_reason, error, rewards, info,
+def insert_many(tx: Tx, rows: list[tuple]) -> None:
+    """Rows of (id, task_id, lease_id, node_id, is_eval, finish_reason, error, rewards, info,
     created_at)."""
-    tx.execute(
+    tx.executemany(
         "INSERT INTO episodes(id, task_id, lease_id, node_id, is_eval, finish_reason, error, "
         "rewards, info, created_at) VALUES(?,?,?,?,?,?,?,?,?,?)",
-        row,
+        rows,
     )
 
 
