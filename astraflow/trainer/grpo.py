@@ -54,9 +54,10 @@ from transformers.trainer_callback import PrinterCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from astraflow.protocol import Batch
+from astraflow.protocol.ranks import RankPayload
 from astraflow.recipe.schema import LoraConfig, TrainerConfig
 from astraflow.trainer.checkpoints import CheckpointMark, newest_complete, write_mark
-from astraflow.trainer.rank_share import RankPayload, share_from_main
+from astraflow.trainer.rank_share import share_from_main
 from astraflow.trainer.samples import AdvantageMode, CollatedBatch, collate_batch
 from astraflow.trainer.source import BatchSource, SourceExhausted
 

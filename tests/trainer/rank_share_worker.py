@@ -9,7 +9,8 @@ from pathlib import Path
 import torch.distributed as dist
 
 from astraflow.protocol import Batch, Group, Sample
-from astraflow.trainer.rank_share import RankPayload, share_from_main
+from astraflow.protocol.ranks import RankPayload
+from astraflow.trainer.rank_share import share_from_main
 
 
 def _refuse_pickle(*_a, **_k):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.protocol import Batch, Group, Sample
-from astraflow.trainer.rank_share import RankPayload
+from astraflow.protocol.ranks import RankPayload
 
 WORKER = Path(__file__).resolve().parent / "rank_share_worker.py"
 
