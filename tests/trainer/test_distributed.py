@@ -3,38 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from process_runs import TORCHRUN_2, run_to_completion
 
 WORKER = Path(__file__).resolve().parent / "ddp_worker.py"
 
 
 @pytest.mark.slow
 def test_two_process_training_shares_one_batch_and_commits_once(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    # Own process group, so a hang kills torchrun's workers too, not only torchrun.
-    proc = subprocess.Popen(
-        [*cmd, str(WORKER), str(tmp_path)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"torchrun hung:\n{out[-4000:]}")
-    if proc.returncode != 0:
-        pytest.fail(f"torchrun failed ({proc.returncode}):\n{out[-4000:]}")
+    run_to_completion([*TORCHRUN_2, str(WORKER), str(tmp_path)], timeout=240)
     r0 = json.loads((tmp_path / "rank0.json").read_text())
     r1 = json.loads((tmp_path / "rank1.json").read_text())
     assert r0["world"] == r1["world"] == 2

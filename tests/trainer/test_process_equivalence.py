@@ -11,30 +11,15 @@ runs differ on ~0.01 % of the elements; see docs/decisions.md.)
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from process_runs import TORCHRUN_2, run_to_completion
 
 WORKER = Path(__file__).resolve().parent / "equivalence_worker.py"
 TOLERANCE = 1e-6
-
-
-def _run(argv: list[str], timeout: float = 300) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its ranks
-        out, _ = proc.communicate()
-        pytest.fail(f"{argv[:4]} hung:\n{out[-4000:]}")
-    assert proc.returncode == 0, out[-4000:]
 
 
 @pytest.mark.slow
@@ -43,9 +28,8 @@ def test_two_processes_reach_the_weights_of_one(tmp_path):
 
     from astraflow.models import resolve_model
 
-    _run([sys.executable, str(WORKER), str(tmp_path), "one", "sgd"])
-    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-          str(WORKER), str(tmp_path), "two", "sgd"])  # fmt: skip
+    run_to_completion([sys.executable, str(WORKER), str(tmp_path), "one", "sgd"], timeout=300)
+    run_to_completion([*TORCHRUN_2, str(WORKER), str(tmp_path), "two", "sgd"], timeout=300)
     one = load_file(tmp_path / "one-rank0.safetensors")
     two = load_file(tmp_path / "two-rank0.safetensors")
     two_r1 = load_file(tmp_path / "two-rank1.safetensors")

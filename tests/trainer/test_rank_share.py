@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from process_runs import TORCHRUN_2, run_to_completion
 
 from astraflow.protocol import Batch, Group, Sample
 from astraflow.protocol.ranks import RankPayload
@@ -44,23 +41,7 @@ def test_malformed_payload_is_refused_with_what_was_expected():
 
 @pytest.mark.slow
 def test_two_ranks_receive_rank_zeros_batch_without_pickle(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    proc = subprocess.Popen(
-        [*cmd, str(WORKER), str(tmp_path)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"torchrun hung:\n{out[-4000:]}")
-    assert proc.returncode == 0, out[-4000:]
+    run_to_completion([*TORCHRUN_2, str(WORKER), str(tmp_path)], timeout=120)
     sent = json.loads((tmp_path / "rank0.json").read_text())["expected"]
     for rank in (0, 1):
         got = json.loads((tmp_path / f"rank{rank}.json").read_text())
