@@ -177,10 +177,11 @@ def crossing_time(points: list[EvalPoint], threshold: float) -> float | None:
     prev: EvalPoint | None = None
     for p in sorted(points, key=lambda p: (p.t, p.step)):
         if p.accuracy >= threshold - 1e-12:
-            if prev is None or p.accuracy <= prev.accuracy:
+            if prev is None:
                 return p.t
+            # prev is below the threshold and p at or above it, so p.accuracy > prev.accuracy
             frac = (threshold - prev.accuracy) / (p.accuracy - prev.accuracy)
-            return prev.t + max(0.0, min(1.0, frac)) * (p.t - prev.t)
+            return prev.t + min(1.0, frac) * (p.t - prev.t)
         prev = p
     return None
 
