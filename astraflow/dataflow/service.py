@@ -503,5 +503,7 @@ class DataflowService:
             "op_seconds": round(self.store.op_seconds, 4),
             "commit_seconds": round(self.store.commit_seconds, 4),
             "max_commit_seconds": round(self.store.max_commit_seconds, 4),
+            "flushes": self.store.flushes,
+            "flush_seconds": round(self.store.flush_seconds, 4),
         }
         return doc

@@ -6,12 +6,22 @@ Python. Why group commit: an fsync per HTTP request caps throughput at the disk'
 the writer drains every operation already queued, runs each inside its own SAVEPOINT (one failure
 rolls back only that operation), commits once, and only then resolves the callers' futures. A reply
 is therefore never sent before the data it acknowledges is durable ("ack after commit").
+
+Why the fsync is not on the writer thread (``synchronous="FULL"``, the default): a commit that
+fsyncs the WAL itself keeps the one writer idle for the disk's flush time (5-8 ms a group, a third
+of its time under load). The writer instead commits with SQLite's ``synchronous=NORMAL`` (frames
+written to the WAL, no flush) and goes on with the next group while a second thread, the
+*flusher*, fsyncs the WAL file and only then runs the groups' post-commit hooks and hands out
+their replies, in commit order. An acknowledged operation is thus exactly as durable as under
+SQLite's FULL: its WAL frames were flushed before its reply left. Data of a later group may read
+data of an earlier one that is not flushed yet; its own reply waits for a flush that covers both.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import queue
 import sqlite3
 import threading
@@ -281,6 +291,12 @@ class Store:
         self.op_seconds = 0.0
         self.commit_seconds = 0.0
         self.max_commit_seconds = 0.0
+        #: WAL flushes by the flusher thread and their wall time (FULL only; see the module doc).
+        self.flushes = 0
+        self.flush_seconds = 0.0
+        #: the flush error after which nothing more is acknowledged (see :class:`_WalFlusher`)
+        self.failed: OSError | None = None
+        self._flusher: _WalFlusher | None = None
         self._on_commit: list[Callable[[], None]] = []
         ready = threading.Event()
         self._error: BaseException | None = None
@@ -326,6 +342,8 @@ class Store:
     def _put(self, item) -> None:
         if self._closed:
             raise StoreClosed("the dataflow store is closed")
+        if self.failed is not None:
+            raise StoreClosed(f"the dataflow store failed to flush its WAL: {self.failed}")
         self._queue.put(item)
 
     def close(self) -> None:
@@ -341,7 +359,10 @@ class Store:
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        # FULL: the flusher thread fsyncs the WAL before any reply (module docstring), so the
+        # writer's own commits need not wait for the disk.
+        mode = "NORMAL" if self.synchronous == "FULL" else self.synchronous
+        conn.execute(f"PRAGMA synchronous={mode}")
         conn.execute("PRAGMA foreign_keys=OFF")
         conn.execute("PRAGMA temp_store=MEMORY")
         conn.execute("PRAGMA cache_size=-65536")
@@ -372,6 +393,14 @@ class Store:
             self._error = exc
             ready.set()
             return
+        if self.synchronous == "FULL":
+            try:
+                self._flusher = _WalFlusher(self, Path(f"{self.path}-wal"))
+            except BaseException as exc:  # surfaced by __init__
+                conn.close()
+                self._error = exc
+                ready.set()
+                return
         ready.set()
         stop = False
         while not stop:
@@ -389,6 +418,8 @@ class Store:
                     break
                 batch.append(nxt)
             self._run_group(conn, batch)
+        if self._flusher is not None:
+            self._flusher.close()  # every reply of a committed group goes out first
         try:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
@@ -433,6 +464,13 @@ class Store:
         self.op_seconds += t1 - t0
         self.commit_seconds += t2 - t1
         self.max_commit_seconds = max(self.max_commit_seconds, t2 - t1)
+        if self._flusher is not None:
+            self._flusher.put((hooks, outcomes))
+        else:
+            self._finish(hooks, outcomes)
+
+    def _finish(self, hooks: list[Callable[[], None]], outcomes: list) -> None:
+        """A group is durable: post-commit hooks, then the replies, then commit callbacks."""
         for hook in hooks:
             try:
                 hook()
@@ -460,6 +498,83 @@ class Store:
                 loop.call_soon_threadsafe(_resolve, items)
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 pass
+
+
+class _WalFlusher:
+    """The thread that makes committed groups durable (fsync of the WAL file) and then finishes
+    them (:meth:`Store._finish`) in commit order; one fsync covers every group committed before
+    it started, so under load a flush serves several groups.
+
+    A failed fsync means the data the pending replies acknowledge may not be on disk: those
+    callers get the error, and the store refuses further work (as PostgreSQL does after a failed
+    fsync, since the kernel may have dropped the dirty pages)."""
+
+    def __init__(self, store: Store, wal: Path) -> None:
+        self.store = store
+        self.wal = wal
+        self._fd = self._open()
+        # the WAL's directory entry must survive a crash too (once: the file is reused)
+        dir_fd = os.open(wal.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="dataflow-flush", daemon=True)
+        self._thread.start()
+
+    def _open(self) -> int:
+        return os.open(self.wal, os.O_RDONLY | os.O_CREAT, 0o644)
+
+    def put(self, group: tuple[list, list]) -> None:
+        self._queue.put(group)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        os.close(self._fd)
+
+    def _flush(self) -> None:
+        # SQLite keeps the WAL file while connections are open and rewrites it in place, but if
+        # it was ever replaced the flush must reach the file SQLite writes now
+        try:
+            current = os.stat(self.wal).st_ino
+        except FileNotFoundError:
+            current = None
+        if current is not None and current != os.fstat(self._fd).st_ino:
+            os.close(self._fd)
+            self._fd = self._open()
+        os.fsync(self._fd)
+
+    def _run(self) -> None:
+        failed: OSError | None = None
+        while True:
+            item = self._queue.get()
+            groups, stop = ([], True) if item is None else ([item], False)
+            while not stop:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                else:
+                    groups.append(nxt)
+            if groups and failed is None:
+                t0 = time.perf_counter()
+                try:
+                    self._flush()
+                except OSError as exc:
+                    failed = self.store.failed = exc  # nothing more may be acknowledged
+                self.store.flushes += 1
+                self.store.flush_seconds += time.perf_counter() - t0
+            for hooks, outcomes in groups:
+                if failed is None:
+                    self.store._finish(hooks, outcomes)
+                else:
+                    self.store._deliver([(sink, None, failed) for sink, _r, _e in outcomes])
+            if stop:
+                return
 
 
 class _AsyncSink:

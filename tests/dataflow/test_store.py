@@ -75,3 +75,82 @@ def test_metrics_lines_missing_after_a_crash_are_recovered(tmp_path):
     assert store.call(recovered.recover) == 0
     assert [json.loads(x)["seq"] for x in path.read_text().splitlines()] == [1, 2, 3]
     store.close()
+
+
+def _blocking_wal_fsync(monkeypatch, store_path):
+    """Hold every fsync of the store's WAL file until the returned event is set."""
+    import os
+
+    from astraflow.dataflow import store as store_mod
+
+    release, entered = threading.Event(), threading.Event()
+    real_fsync = os.fsync
+    wal_ino = []
+
+    def fsync(fd):
+        if not wal_ino:
+            wal_ino.append(os.stat(f"{store_path}-wal").st_ino)
+        if os.fstat(fd).st_ino == wal_ino[0]:
+            entered.set()
+            release.wait(10)
+        return real_fsync(fd)
+
+    monkeypatch.setattr(store_mod.os, "fsync", fsync)
+    return release, entered
+
+
+def test_full_replies_wait_for_the_wal_flush_while_the_writer_goes_on(tmp_path, monkeypatch):
+    """synchronous=FULL: the writer commits without flushing; the reply waits for the flusher's
+    fsync of the WAL, and the writer commits the next groups meanwhile."""
+    path = tmp_path / "s.db"
+    store = Store(path)
+    release, entered = _blocking_wal_fsync(monkeypatch, path)
+    first = store.submit(lambda tx: tx.set_meta("a", "1"))
+    assert entered.wait(5)  # the flusher is inside fsync for the first group
+    second = store.submit(lambda tx: tx.set_meta("b", "2"))
+    reader = sqlite3.connect(path)
+    for _ in range(500):  # the writer commits the second group while the flush is held
+        if reader.execute("SELECT COUNT(*) FROM meta WHERE key IN ('a','b')").fetchone()[0] == 2:
+            break
+        threading.Event().wait(0.01)
+    assert reader.execute("SELECT COUNT(*) FROM meta WHERE key IN ('a','b')").fetchone()[0] == 2
+    assert not first.done() and not second.done()  # committed, not yet acknowledged
+    release.set()
+    assert first.result(5) is None and second.result(5) is None
+    assert store.flushes >= 1
+    reader.close()
+    store.close()
+
+
+def test_a_failed_wal_flush_fails_its_replies_and_closes_the_store(tmp_path, monkeypatch):
+    import os
+
+    from astraflow.dataflow import store as store_mod
+    from astraflow.dataflow.store import StoreClosed
+
+    path = tmp_path / "s.db"
+    store = Store(path)
+    wal_ino = os.stat(f"{path}-wal").st_ino
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if os.fstat(fd).st_ino == wal_ino:
+            raise OSError(5, "Input/output error")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(store_mod.os, "fsync", fsync)
+    with pytest.raises(OSError, match="Input/output error"):
+        store.call(lambda tx: tx.set_meta("a", "1"))
+    with pytest.raises(StoreClosed, match="failed to flush"):
+        store.call(lambda tx: tx.set_meta("b", "2"))
+    monkeypatch.undo()
+    store.close()
+    assert not store._thread.is_alive()
+
+
+def test_normal_mode_has_no_flusher(tmp_path):
+    store = Store(tmp_path / "s.db", synchronous="NORMAL")
+    store.call(lambda tx: tx.set_meta("a", "1"))
+    assert store.flushes == 0
+    assert store.call(lambda tx: tx.scalar("PRAGMA synchronous")) == 1  # NORMAL
+    store.close()
