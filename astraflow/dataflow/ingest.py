@@ -53,15 +53,14 @@ def push(
         )
         return result
 
-    lease = storage.leases.for_push(tx, req.lease_id)
-    if lease is None:
+    row = storage.leases.for_push(tx, req.lease_id)
+    if row is None:
         return reject(f"unknown lease {req.lease_id!r}")
-    task_id, lease_node, lease_state, lease_episodes = lease
+    (task_id, lease_node, lease_state, lease_episodes), task = row[:4], row[4:]
     if lease_node != req.node_id:
         return reject(
             f"lease {req.lease_id!r} was granted to node {lease_node!r}, not {req.node_id!r}"
         )
-    task = storage.tasks.for_push(tx, task_id)
     t_state, winner, group_size, is_eval, eval_id, eval_policy = task[:6]
     if t_state == "done":
         if winner == req.lease_id:

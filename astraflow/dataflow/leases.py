@@ -66,22 +66,23 @@ def nodes_done(ctx: Context, tx: Tx) -> bool:
     return ctx.now() - since >= ctx.config.done_grace_s
 
 
-def touch_node(
-    ctx: Context, tx: Tx, node_id: str, versions: dict[str, int] | None, *, update: bool = True
-) -> None:
-    """Check that the node is registered and active; with ``update``, record that it is alive.
+def touch_node(ctx: Context, tx: Tx, node_id: str, versions: dict[str, int] | None) -> None:
+    """Check that the node is registered and active, and record that it is alive.
 
-    Re-attempts of a parked lease request pass ``update=False``: the request already touched the
-    node when it arrived (heartbeats keep it alive meanwhile), and a read-only attempt commits
-    without writing to the WAL."""
-    node_state = storage.nodes.state(tx, node_id)
+    Re-attempts of a parked lease request only check (:func:`check_node`): the request already
+    touched the node when it arrived (heartbeats keep it alive meanwhile), and a read-only attempt
+    commits without writing to the WAL."""
+    check_node(node_id, storage.nodes.state(tx, node_id))
+    storage.nodes.touch(tx, node_id, ctx.now(), versions)
+
+
+def check_node(node_id: str, node_state: str | None) -> None:
+    """Raise unless a node in ``node_state`` ('active', 'left', None: never registered) may ask
+    for work."""
     if node_state is None:
         raise NotFound(f"unknown node {node_id!r}; register with POST /nodes first", "node_id")
     if node_state != "active":
         raise NotFound(f"node {node_id!r} has deregistered; register again", "node_id")
-    if not update:
-        return
-    storage.nodes.touch(tx, node_id, ctx.now(), versions)
 
 
 def _admission(ctx: Context, req: LeaseRequest, latest: dict[str, int]) -> str | None:
@@ -212,13 +213,24 @@ def serve(
     done = nodes_done(ctx, tx)
     empty: dict[tuple, LeaseGrant] = {}
     outcomes: list[LeaseGrant | Exception] = []
+    # A pass over hundreds of parked requests reads their stored replies and their nodes' states
+    # in a few statements, not two per request (the single writer runs every statement).
+    # Grants made in this pass are added to ``replies``: a retry parked beside its original
+    # (same key) gets the same leases.
+    replies = storage.idempotency.remembered_many(
+        tx, [r.idempotency_key for r in reqs if r.idempotency_key]
+    )
+    node_states = None if touch else storage.nodes.states(tx, [r.node_id for r in reqs])
     for req in reqs:
-        cached = storage.idempotency.remembered(tx, req.idempotency_key, "lease")
+        cached = replies.get(req.idempotency_key) if req.idempotency_key else None
         if cached is not None:
             outcomes.append(LeaseGrant.model_validate(state.unpack(cached)))
             continue
         try:
-            touch_node(ctx, tx, req.node_id, req.versions, update=touch)
+            if node_states is None:
+                touch_node(ctx, tx, req.node_id, req.versions)
+            else:
+                check_node(req.node_id, node_states.get(req.node_id))
         except DataflowError as exc:
             outcomes.append(exc)
             continue
@@ -245,7 +257,9 @@ def serve(
             continue
         tx.release("lease_request")
         if reply.leases:
-            _remember(ctx, tx, req, reply)
+            packed = _remember(ctx, tx, req, reply)
+            if packed is not None:
+                replies[req.idempotency_key] = packed
         else:
             empty[key] = reply
         outcomes.append(reply)
@@ -310,15 +324,17 @@ def _attempt(
     return reply
 
 
-def _remember(ctx: Context, tx: Tx, req: LeaseRequest, reply: LeaseGrant) -> None:
-    """Keep a grant that handed out leases, so a retry (same key) gets the same leases.
+def _remember(ctx: Context, tx: Tx, req: LeaseRequest, reply: LeaseGrant) -> bytes | None:
+    """Keep a grant that handed out leases, so a retry (same key) gets the same leases; returns
+    the stored reply (None without a key).
 
     Empty replies are not kept: recomputing one hands out nothing twice, and a parked request's
     re-attempts must not be answered from an earlier empty attempt."""
-    if req.idempotency_key:
-        storage.idempotency.remember(
-            tx, req.idempotency_key, "lease", state.pack(reply.model_dump(mode="json")), ctx.now()
-        )
+    if not req.idempotency_key:
+        return None
+    packed = state.pack(reply.model_dump(mode="json"))
+    storage.idempotency.remember(tx, req.idempotency_key, "lease", packed, ctx.now())
+    return packed
 
 
 def heartbeat(ctx: Context, tx: Tx, node_id: str, hb: Heartbeat) -> HeartbeatReply:

@@ -116,6 +116,10 @@ CREATE TABLE IF NOT EXISTS groups (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS groups_by_state ON groups (policy, state);
+-- per-state counts (backpressure on every lease, /status) and a batch's groups (every ack) read
+-- only the rows they need; without these both scanned every group of the run
+CREATE INDEX IF NOT EXISTS groups_by_state_first ON groups (state, policy, size);
+CREATE INDEX IF NOT EXISTS groups_by_batch ON groups (batch_id);
 CREATE TABLE IF NOT EXISTS batches (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     id TEXT NOT NULL UNIQUE,
@@ -132,6 +136,7 @@ CREATE TABLE IF NOT EXISTS batches (
     step INTEGER
 );
 CREATE INDEX IF NOT EXISTS batches_by_state ON batches (policy, state);
+CREATE INDEX IF NOT EXISTS batches_by_state_first ON batches (state, policy);
 CREATE TABLE IF NOT EXISTS versions (
     policy TEXT NOT NULL,
     version INTEGER NOT NULL,
@@ -213,6 +218,13 @@ CREATE TABLE IF NOT EXISTS metric_records (
 """
 
 
+def chunks(items: list, size: int = 500) -> list[list]:
+    """``items`` in slices small enough for one ``IN (?, ...)`` list (SQLite caps the number of
+    bound parameters of a statement)."""
+    items = list(items)
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
 class Tx:
     """One operation's view of the open transaction: the connection plus post-commit hooks."""
 
@@ -291,11 +303,6 @@ class Store:
         self.op_seconds = 0.0
         self.commit_seconds = 0.0
         self.max_commit_seconds = 0.0
-        #: WAL flushes by the flusher thread and their wall time (FULL only; see the module doc).
-        self.flushes = 0
-        self.flush_seconds = 0.0
-        #: the flush error after which nothing more is acknowledged (see :class:`_WalFlusher`)
-        self.failed: OSError | None = None
         self._flusher: _WalFlusher | None = None
         self._on_commit: list[Callable[[], None]] = []
         ready = threading.Event()
@@ -342,8 +349,8 @@ class Store:
     def _put(self, item) -> None:
         if self._closed:
             raise StoreClosed("the dataflow store is closed")
-        if self.failed is not None:
-            raise StoreClosed(f"the dataflow store failed to flush its WAL: {self.failed}")
+        if self._flusher is not None and self._flusher.failed is not None:
+            raise StoreClosed(f"the dataflow store failed to flush its WAL: {self._flusher.failed}")
         self._queue.put(item)
 
     def close(self) -> None:
@@ -395,7 +402,11 @@ class Store:
             return
         if self.synchronous == "FULL":
             try:
-                self._flusher = _WalFlusher(self, Path(f"{self.path}-wal"))
+                self._flusher = _WalFlusher(
+                    Path(f"{self.path}-wal"),
+                    self._finish,
+                    lambda outcomes, exc: self._deliver([(s, None, exc) for s, _r, _e in outcomes]),
+                )
             except BaseException as exc:  # surfaced by __init__
                 conn.close()
                 self._error = exc
@@ -469,6 +480,15 @@ class Store:
         else:
             self._finish(hooks, outcomes)
 
+    @property
+    def flushes(self) -> int:
+        """WAL flushes by the flusher thread (FULL only; see the module docstring)."""
+        return 0 if self._flusher is None else self._flusher.flushes
+
+    @property
+    def flush_seconds(self) -> float:
+        return 0.0 if self._flusher is None else self._flusher.flush_seconds
+
     def _finish(self, hooks: list[Callable[[], None]], outcomes: list) -> None:
         """A group is durable: post-commit hooks, then the replies, then commit callbacks."""
         for hook in hooks:
@@ -509,9 +529,19 @@ class _WalFlusher:
     callers get the error, and the store refuses further work (as PostgreSQL does after a failed
     fsync, since the kernel may have dropped the dirty pages)."""
 
-    def __init__(self, store: Store, wal: Path) -> None:
-        self.store = store
+    def __init__(
+        self,
+        wal: Path,
+        finish: Callable[[list, list], None],
+        fail: Callable[[list, OSError], None],
+    ) -> None:
         self.wal = wal
+        self._finish = finish
+        self._fail = fail
+        self.flushes = 0
+        self.flush_seconds = 0.0
+        #: the flush error after which nothing more is acknowledged
+        self.failed: OSError | None = None
         self._fd = self._open()
         # the WAL's directory entry must survive a crash too (once: the file is reused)
         dir_fd = os.open(wal.parent, os.O_RDONLY)
@@ -547,7 +577,6 @@ class _WalFlusher:
         os.fsync(self._fd)
 
     def _run(self) -> None:
-        failed: OSError | None = None
         while True:
             item = self._queue.get()
             groups, stop = ([], True) if item is None else ([item], False)
@@ -560,19 +589,19 @@ class _WalFlusher:
                     stop = True
                 else:
                     groups.append(nxt)
-            if groups and failed is None:
+            if groups and self.failed is None:
                 t0 = time.perf_counter()
                 try:
                     self._flush()
                 except OSError as exc:
-                    failed = self.store.failed = exc  # nothing more may be acknowledged
-                self.store.flushes += 1
-                self.store.flush_seconds += time.perf_counter() - t0
+                    self.failed = exc
+                self.flushes += 1
+                self.flush_seconds += time.perf_counter() - t0
             for hooks, outcomes in groups:
-                if failed is None:
-                    self.store._finish(hooks, outcomes)
+                if self.failed is None:
+                    self._finish(hooks, outcomes)
                 else:
-                    self.store._deliver([(sink, None, failed) for sink, _r, _e in outcomes])
+                    self._fail(outcomes, self.failed)
             if stop:
                 return
 

@@ -5,8 +5,10 @@ nodes do) and push realistic episodes (1-4k tokens, one episode per push, packed
 while a trainer that keeps up pulls each batch as soon as it is ready and acknowledges it. The
 service runs as a real ``astraflow serve dataflow`` child process with its SQLite store; the
 simulated nodes run in load-generator processes of their own (``--workers``), each node with its
-own :class:`astraflow.protocol.client.DataflowClient` over loopback, so the bench measures the
-service rather than a load generator sharing its core with hundreds of clients.
+own HTTP client over loopback (aiohttp by default, the same msgpack requests as
+:class:`astraflow.protocol.client.DataflowClient`; ``--client httpx`` uses that client itself), so
+the bench measures the service rather than a load generator sharing its core with hundreds of
+clients.
 
 Phases: closed loop (every node pushes as fast as it is answered) measures capacity; a paced phase
 (256 nodes together offering ``--rate`` pushes/s, default 1,100, above the 1,000/s target)
@@ -47,8 +49,18 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from astraflow.protocol import LeaseGrant, PushResult, new_id  # noqa: E402
+from astraflow.protocol import (  # noqa: E402
+    Heartbeat,
+    HeartbeatReply,
+    LeaseGrant,
+    LeaseRequest,
+    NodeRegistered,
+    NodeRegistration,
+    PushResult,
+    new_id,
+)
 from astraflow.protocol.client import DataflowClient  # noqa: E402
+from astraflow.protocol.codec import MSGPACK, decode, encode  # noqa: E402
 from astraflow.recipe import Recipe, recipe_to_toml  # noqa: E402
 
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -243,6 +255,85 @@ class PhaseSpec:
     rate: float | None
     #: long-poll of a lease request at the service, as real nodes do (rollout.lease_wait_s)
     lease_wait_s: float = 5.0
+    #: the simulated nodes' HTTP client: "aiohttp" (:class:`AiohttpNode`) or "httpx"
+    client: str = "aiohttp"
+
+
+class AiohttpNode:
+    """A simulated node's wire calls over aiohttp: the same requests as
+    :class:`DataflowClient` (msgpack bodies encoded by the protocol codec, bearer token, replies
+    decoded into the protocol types) at about a third of httpx's CPU per request. On a 2-core
+    machine the load generator's CPU is taken from the service it measures; ``--client httpx``
+    runs the nodes on the product's client instead."""
+
+    def __init__(self, url: str) -> None:
+        import aiohttp
+
+        self.session = aiohttp.ClientSession(
+            base_url=url,
+            headers={
+                "authorization": f"Bearer {TOKEN}",
+                "content-type": MSGPACK,
+                "accept": MSGPACK,
+            },
+            connector=aiohttp.TCPConnector(limit=2),
+            timeout=aiohttp.ClientTimeout(total=120),
+        )
+
+    async def call(self, path: str, body: bytes, reply: type):
+        async with self.session.post(path, data=body) as resp:
+            data = await resp.read()
+            if resp.status >= 400:
+                raise RuntimeError(f"POST {path}: HTTP {resp.status}: {data[:300]!r}")
+            return decode(reply, data, MSGPACK)
+
+    async def register(self, name: str) -> str:
+        reg = NodeRegistration(policies={"policy": 0}, name=name)
+        return (await self.call("/nodes/register", encode(reg), NodeRegistered)).node_id
+
+    async def lease(self, node_id: str, wait_s: float) -> LeaseGrant:
+        req = LeaseRequest(
+            node_id=node_id,
+            max_tasks=1,
+            versions={"policy": 0},
+            wait_s=wait_s,
+            idempotency_key=new_id("lease-req"),
+        )
+        return await self.call("/leases", encode(req), LeaseGrant)
+
+    async def push(self, body: bytes) -> PushResult:
+        return await self.call("/trajectories", body, PushResult)
+
+    async def heartbeat(self, node_id: str) -> None:
+        hb = Heartbeat(versions={"policy": 0})
+        await self.call(f"/nodes/{node_id}/heartbeat", encode(hb), HeartbeatReply)
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+class HttpxNode:
+    """The same calls on the product's :class:`DataflowClient` (httpx)."""
+
+    def __init__(self, url: str) -> None:
+        self.client = DataflowClient(url, TOKEN, timeout=120, retries=3, max_connections=2)
+
+    async def register(self, name: str) -> str:
+        return (await self.client.register(policies={"policy": 0}, name=name)).node_id
+
+    async def lease(self, node_id: str, wait_s: float) -> LeaseGrant:
+        return await self.client.lease(
+            node_id=node_id, max_tasks=1, versions={"policy": 0}, wait_s=wait_s
+        )
+
+    async def push(self, body: bytes) -> PushResult:
+        return await self.client.request("POST", "/trajectories", body, PushResult)
+
+    async def heartbeat(self, node_id: str) -> None:
+        await self.client.heartbeat(node_id, versions={"policy": 0})
+
+    async def close(self) -> None:
+        await self.client.close()
 
 
 def load_worker(spec: PhaseSpec, first: int, count: int, ready, stop, results) -> None:
@@ -261,17 +352,11 @@ async def _worker(spec: PhaseSpec, first: int, count: int, ready, stop, results)
     errors = [0]
     done = asyncio.Event()
     interval = spec.clients / spec.rate if spec.rate else 0.0
-    clients = [
-        DataflowClient(spec.url, TOKEN, timeout=120, retries=3, max_connections=2)
-        for _ in range(count)
-    ]
-    registered = await asyncio.gather(
-        *(
-            c.register(policies={"policy": 0}, name=f"sim-{first + i}")
-            for i, c in enumerate(clients)
-        )
+    node_cls = AiohttpNode if spec.client == "aiohttp" else HttpxNode
+    clients = [node_cls(spec.url) for _ in range(count)]
+    node_ids = await asyncio.gather(
+        *(c.register(f"sim-{first + i}") for i, c in enumerate(clients))
     )
-    node_ids = [r.node_id for r in registered]
     loop = asyncio.get_running_loop()
 
     async def node(i: int) -> None:
@@ -281,9 +366,7 @@ async def _worker(spec: PhaseSpec, first: int, count: int, ready, stop, results)
         last_hb = loop.time()
         while not done.is_set():
             t0 = time.monotonic()
-            grant = await client.lease(
-                node_id=node_id, max_tasks=1, versions={"policy": 0}, wait_s=spec.lease_wait_s
-            )
+            grant = await client.lease(node_id, spec.lease_wait_s)
             leases.append((time.monotonic(), time.monotonic() - t0))
             assert isinstance(grant, LeaseGrant)
             for lease in grant.leases:
@@ -301,12 +384,12 @@ async def _worker(spec: PhaseSpec, first: int, count: int, ready, stop, results)
                         float(rng.random() < 0.5),
                     )
                     t0 = time.monotonic()
-                    res = await client.request("POST", "/trajectories", body, PushResult)
+                    res = await client.push(body)
                     t1 = time.monotonic()
                     pushes.append((t1, t1 - t0))
                     errors[0] += 0 if res.accepted else 1
             if loop.time() - last_hb > 2.0:
-                await client.heartbeat(node_id, versions={"policy": 0})
+                await client.heartbeat(node_id)
                 last_hb = loop.time()
 
     tasks = [asyncio.create_task(node(i)) for i in range(count)]
@@ -434,6 +517,7 @@ async def run_phase(
         "clients": spec.clients,
         "offered": f"{spec.rate:.0f}/s" if spec.rate else "max",
         "load_workers": workers,
+        "client": spec.client,
         "seconds": round(elapsed, 2),
         "pushes": pushes,
         "pushes_per_s": pushes / elapsed,
@@ -504,6 +588,13 @@ def main() -> int:
     )
     ap.add_argument("--synchronous", default="FULL", choices=["FULL", "NORMAL"])
     ap.add_argument(
+        "--client",
+        default="aiohttp",
+        choices=["aiohttp", "httpx"],
+        help="the simulated nodes' HTTP client (httpx: the product's DataflowClient, ~3x the CPU "
+        "per request, taken from the service on a small machine)",
+    )
+    ap.add_argument(
         "--profile",
         type=Path,
         default=None,
@@ -535,7 +626,7 @@ def main() -> int:
                 f"[bold]phase[/] {clients} clients in {min(args.workers, clients)} load processes, "
                 f"{offered}, {duration:.0f}s (+{warmup:.0f}s warm-up) against {service.url}"
             )
-            spec = PhaseSpec(service.url, clients, args.group_size, rate)
+            spec = PhaseSpec(service.url, clients, args.group_size, rate, client=args.client)
             try:
                 results.append(
                     asyncio.run(

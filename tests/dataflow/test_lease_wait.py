@@ -372,6 +372,30 @@ def test_retry_of_a_parked_request_gets_the_leases_it_was_granted(tmp_path):
         assert [x.id for x in retry.leases] == [x.id for x in granted]
 
 
+def test_a_retry_parked_beside_its_original_gets_the_same_leases(tmp_path):
+    """The original and its retry (same idempotency key) are both parked when work appears: the
+    pass that serves them grants the task once, and both get that grant (the pass reads stored
+    replies up front, so it must see the grant it made itself a moment before)."""
+    with _serve(tmp_path, tasks=_finite_sets(2)) as svc, _client(svc) as c:
+        a = c.register(policies={"policy": 0}).node_id
+        b = c.register(policies={"policy": 0}).node_id
+        taken = c.lease(node_id=a, max_tasks=5, versions={"policy": 0}).leases
+        assert len(taken) == 2
+        original = Parked(svc, b, {"policy": 0}, key="lease-req-twice")
+        original.settle(svc)
+        retry = Parked(svc, b, {"policy": 0}, key="lease-req-twice")
+        while len(svc.service._lease_waiters) < 2:
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        c.release(a, [x.id for x in taken])
+        first, second = _prompt(original, t0), _prompt(retry, t0)
+        assert len(first.leases) == 1
+        assert [x.id for x in second.leases] == [x.id for x in first.leases]
+        other = c.register(policies={"policy": 0}).node_id
+        left = c.lease(node_id=other, max_tasks=5, versions={"policy": 0}).leases
+        assert {x.task.id for x in left} == {x.task.id for x in taken} - {first.leases[0].task.id}
+
+
 def test_a_node_behind_within_max_lag_parks_and_gets_work_first(tmp_path):
     """A node that loads versions more slowly than they are published (a remote region behind a
     slow link) is usually a version or two behind. Within ``max_lag`` it may work, so its request

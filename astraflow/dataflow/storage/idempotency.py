@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from astraflow.dataflow.store import Tx
+from astraflow.dataflow.store import Tx, chunks
 
 #: Idempotency keys are kept this long (retries happen within minutes).
 IDEMPOTENCY_TTL_S = 24 * 3600.0
@@ -16,6 +16,15 @@ def remembered(tx: Tx, key: str | None, kind: str) -> bytes | None:
     if row is None:
         return None
     return row[1]
+
+
+def remembered_many(tx: Tx, keys: list[str]) -> dict[str, bytes]:
+    """:func:`remembered` for many keys in a few statements (a lease pass over parked requests)."""
+    out: dict[str, bytes] = {}
+    for chunk in chunks(keys):
+        marks = ",".join("?" * len(chunk))
+        out.update(tx.execute(f"SELECT key, result FROM idempotency WHERE key IN ({marks})", chunk))
+    return out
 
 
 def remember(tx: Tx, key: str | None, kind: str, result: bytes, now: float) -> None:

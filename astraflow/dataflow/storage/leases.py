@@ -29,9 +29,16 @@ def get(tx: Tx, lease_id: str) -> tuple[str, str, str] | None:
     return tx.one("SELECT node_id, task_id, state FROM leases WHERE id=?", (lease_id,))
 
 
-def for_push(tx: Tx, lease_id: str) -> tuple[str, str, str, int] | None:
-    """(task_id, node_id, state, episodes pushed so far), or None for an unknown lease."""
-    return tx.one("SELECT task_id, node_id, state, episodes FROM leases WHERE id=?", (lease_id,))
+def for_push(tx: Tx, lease_id: str) -> tuple | None:
+    """(task_id, node_id, lease state, episodes pushed so far) of a lease followed by its task's
+    (state, winner, group_size, is_eval, eval_id, eval_policy, round, task_set, priority,
+    deadline); None for an unknown lease. One statement: every push runs it on the writer."""
+    return tx.one(
+        "SELECT l.task_id, l.node_id, l.state, l.episodes, t.state, t.winner, t.group_size, "
+        "t.is_eval, t.eval_id, t.eval_policy, t.round, t.task_set, t.priority, t.deadline "
+        "FROM leases l JOIN tasks t ON t.id = l.task_id WHERE l.id=?",
+        (lease_id,),
+    )
 
 
 def with_task_state(tx: Tx, lease_id: str, node_id: str) -> tuple[str, str, str | None] | None:

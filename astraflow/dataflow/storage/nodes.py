@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from astraflow.dataflow.store import Tx
+from astraflow.dataflow.store import Tx, chunks
 
 
 def insert(tx: Tx, node_id: str, body: str, versions: dict[str, int], now: float) -> None:
@@ -35,6 +35,15 @@ def state(tx: Tx, node_id: str) -> str | None:
     """'active' or 'left'; None for a node never registered."""
     row = tx.one("SELECT state FROM nodes WHERE id=?", (node_id,))
     return None if row is None else row[0]
+
+
+def states(tx: Tx, node_ids: list[str]) -> dict[str, str]:
+    """:func:`state` of many nodes in a few statements; unregistered ids are absent."""
+    out: dict[str, str] = {}
+    for chunk in chunks(node_ids):
+        marks = ",".join("?" * len(chunk))
+        out.update(tx.execute(f"SELECT id, state FROM nodes WHERE id IN ({marks})", chunk))
+    return out
 
 
 def touch(tx: Tx, node_id: str, now: float, versions: dict[str, int] | None) -> None:

@@ -19,16 +19,6 @@ def insert(tx: Tx, rows: list[tuple]) -> None:
     )
 
 
-def for_push(tx: Tx, task_id: str) -> tuple | None:
-    """(state, winner, group_size, is_eval, eval_id, eval_policy, round, task_set, priority,
-    deadline) of a task."""
-    return tx.one(
-        "SELECT state, winner, group_size, is_eval, eval_id, eval_policy, round, task_set, "
-        "priority, deadline FROM tasks WHERE id=?",
-        (task_id,),
-    )
-
-
 def mark_leased(tx: Tx, task_id: str) -> None:
     tx.execute("UPDATE tasks SET state='leased' WHERE id=?", (task_id,))
 
