@@ -223,12 +223,17 @@ def assemble(tx: Tx, batch_id: str) -> dict:
     """The stored batch as a wire dict: the same groups, samples, advantages and weights as when
     it was first served (token arrays stay the packed bytes they were stored as)."""
     policy, trainer_version, layout, summary = storage.batches.for_assembly(tx, batch_id)
+    layout = json.loads(layout)
+    group_rows = storage.groups.for_assembly(tx, [group_id for group_id, _ in layout])
+    sample_rows = storage.samples.for_assembly(
+        tx, [sid for _, entries in layout for sid, _, _ in entries]
+    )
     groups = []
-    for group_id, entries in json.loads(layout):
-        g = storage.groups.for_assembly(tx, group_id)
+    for group_id, entries in layout:
+        g = group_rows[group_id]
         samples = []
         for sid, adv, weight in entries:
-            r = storage.samples.for_assembly(tx, sid)
+            r = sample_rows[sid]
             tokens, loss_mask, logprobs, versions = unstore(r[3], r[4], r[5], r[6])
             samples.append(
                 {

@@ -194,6 +194,9 @@ def _complete(ctx: Context, tx: Tx, task_id: str, lease_id: str, task: tuple) ->
     now = ctx.now()
     round_, task_set, priority, deadline = task[6:10]
     is_eval = bool(task[3])
+    # a new group (or a dropped one: backpressure room), an evaluation task done: wake the long
+    # polls. A push that completes nothing changes nothing they wait for and wakes nobody.
+    ctx.wake_after_commit(tx)
     storage.tasks.finish(tx, task_id, lease_id, now)
     storage.leases.mark_finished(tx, lease_id)
     for loser in storage.leases.others_of_task(tx, task_id, lease_id):

@@ -37,17 +37,8 @@ def expire_overdue(ctx: Context, tx: Tx) -> int:
     storage.leases.expire(tx, [r[0] for r in rows])
     for task_id in {r[1] for r in rows}:
         requeue_if_orphaned(tx, task_id)
-    wake_after_commit(ctx, tx)
+    ctx.wake_after_commit(tx)
     return len(rows)
-
-
-def wake_after_commit(ctx: Context, tx: Tx) -> None:
-    """Tasks went back to the queue: once this transaction commits, wake waiting lease requests.
-
-    Expiry happens inside whichever operation notices it first (a heartbeat, a lease, the sweeper),
-    so the wake-up is attached to the transaction rather than to any one endpoint."""
-    if ctx.wake is not None and ctx.wake not in tx.after_commit:
-        tx.after_commit.append(ctx.wake)
 
 
 def requeue_if_orphaned(tx: Tx, task_id: str) -> None:
@@ -169,7 +160,10 @@ def _training_candidates(ctx: Context, tx: Tx, want: int, round_: int | None) ->
             need = need_now + ctx.config.task_window
             if pending < need:
                 ctx.feeder.enqueue(tx, need - pending)
-            rows = storage.tasks.pending_training(tx, MAX_CANDIDATES)
+            # in enqueue order the oldest ``want`` rows are the answer: the tasks chosen in earlier
+            # passes come first, and skipped ones are no longer pending
+            limit = want if order.enqueue_order else MAX_CANDIDATES
+            rows = storage.tasks.pending_training(tx, limit)
         else:
             rows = storage.tasks.pending_training_of_round(tx, round_)
         taken = {r[1] for r in chosen}
@@ -288,6 +282,7 @@ def _attempt(
     now = ctx.now()
     reply = LeaseGrant(latest_versions=latest, weight_locations=locations)
     chosen = list(_eval_candidates(tx, req, req.max_tasks))
+    n_eval = len(chosen)
     remaining = req.max_tasks - len(chosen)
     reason = None
     exhausted = ctx.feeder.exhausted(tx)
@@ -299,7 +294,7 @@ def _attempt(
             remaining = min(remaining, gate.room)
             if reason is None and remaining > 0:
                 chosen.extend(_training_candidates(ctx, tx, remaining, gate.round))
-    for row in chosen:
+    for i, row in enumerate(chosen):
         task = load_task(row[2])
         lease = Lease(
             id=new_id("lease"),
@@ -309,7 +304,9 @@ def _attempt(
             issued_at=now,
             versions=dict(req.versions),
         )
-        storage.leases.insert(tx, lease.id, task.id, req.node_id, now, lease.deadline, req.versions)
+        storage.leases.insert(
+            tx, lease.id, task.id, req.node_id, now, lease.deadline, req.versions, i < n_eval
+        )
         storage.tasks.mark_leased(tx, task.id)
         reply.leases.append(lease)
     if len(reply.leases) < req.max_tasks and reason is None:
@@ -376,7 +373,7 @@ def release(ctx: Context, tx: Tx, req: LeaseRelease) -> int:
             requeue_if_orphaned(tx, row[1])
             released += 1
     if released:
-        wake_after_commit(ctx, tx)
+        ctx.wake_after_commit(tx)
     return released
 
 

@@ -199,8 +199,9 @@ class DataflowService:
         """Wake long polls (batch and lease requests): something they wait for may have changed.
 
         Called on the event loop after the commit of every operation that can create work:
-        pushes, acks, version announcements, evaluation requests, and (through ``ctx.wake``, from
-        the writer thread) anything that put leased tasks back on the queue."""
+        acks, version announcements, evaluation requests, and (through ``ctx.wake``, from the
+        store's thread) pushes that completed a task and anything that put leased tasks back on
+        the queue."""
         self._generation += 1
         if self._changed is not None:
             self._changed.set()
@@ -395,9 +396,8 @@ class DataflowService:
         return Ack(detail=f"{n} lease(s) returned to the queue")
 
     async def push(self, req: TrajectoryPush, packed: dict | None = None) -> PushResult:
-        result = await self.store.run(lambda tx: ingest.push(self.ctx, tx, req, packed))
-        self._signal()
-        return result
+        # a push that completed its task wakes the long polls through ctx.wake
+        return await self.store.run(lambda tx: ingest.push(self.ctx, tx, req, packed))
 
     # -- batches ------------------------------------------------------------------------------
     async def next_batch(self, req: BatchRequest) -> dict:

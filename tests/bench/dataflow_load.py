@@ -139,6 +139,7 @@ class ServiceProcess:
                 "--rate",
                 "250",
                 "--threads",
+                "--nonblocking",
                 "--format",
                 "raw",
                 "-o",

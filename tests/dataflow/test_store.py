@@ -154,3 +154,39 @@ def test_normal_mode_has_no_flusher(tmp_path):
     assert store.flushes == 0
     assert store.call(lambda tx: tx.scalar("PRAGMA synchronous")) == 1  # NORMAL
     store.close()
+
+
+def test_a_store_from_before_leases_carried_is_eval_is_migrated(tmp_path):
+    """Stores written before ``leases.is_eval`` existed open with the column added and filled in
+    from the tasks, so backpressure keeps counting only training leases after an upgrade."""
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old.executescript(
+        "CREATE TABLE tasks (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, "
+        "body BLOB NOT NULL, task_set TEXT NOT NULL, priority REAL NOT NULL DEFAULT 0, "
+        "deadline REAL, group_size INTEGER NOT NULL, is_eval INTEGER NOT NULL DEFAULT 0, "
+        "eval_id TEXT, eval_policy TEXT, min_version INTEGER, round INTEGER, "
+        "state TEXT NOT NULL DEFAULT 'pending', winner TEXT, created_at REAL NOT NULL, "
+        "done_at REAL);"
+        "CREATE TABLE leases (id TEXT PRIMARY KEY, task_id TEXT NOT NULL, node_id TEXT NOT NULL, "
+        "issued_at REAL NOT NULL, deadline REAL NOT NULL, state TEXT NOT NULL, "
+        "versions TEXT NOT NULL, episodes INTEGER NOT NULL DEFAULT 0);"
+        "INSERT INTO tasks(id, body, task_set, group_size, is_eval, state, created_at) "
+        "VALUES ('t-train', x'', 'arith', 2, 0, 'leased', 0), "
+        "('t-eval', x'', 'arith', 1, 1, 'leased', 0);"
+        "INSERT INTO leases(id, task_id, node_id, issued_at, deadline, state, versions) "
+        "VALUES ('l-train', 't-train', 'n', 0, 9, 'active', '{}'), "
+        "('l-eval', 't-eval', 'n', 0, 9, 'active', '{}');"
+    )
+    old.commit()
+    old.close()
+    from astraflow.dataflow import storage
+
+    store = Store(path)
+    rows = store.call(
+        lambda tx: tx.execute("SELECT id, is_eval FROM leases ORDER BY id").fetchall()
+    )
+    assert rows == [("l-eval", 1), ("l-train", 0)]
+    assert store.call(storage.leases.in_flight_training) == 1
+    store.close()
+    Store(path).close()  # a second open finds the column and leaves it be

@@ -87,6 +87,10 @@ class DataflowPolicy:
 class OrderingPolicy(DataflowPolicy):
     """Orders pending tasks (selection stage) or ready groups (batching stage)."""
 
+    #: The order is enqueue order, the order the store keeps pending tasks in: a lease then reads
+    #: only the first pending tasks instead of every one of them (FIFO, the default).
+    enqueue_order: bool = False
+
     def __init__(self, stage: str = "selection", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if stage not in ("selection", "batching"):

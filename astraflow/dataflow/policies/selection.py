@@ -21,6 +21,7 @@ class FifoOrder(OrderingPolicy):
 
     name = "fifo"
     description = "oldest task/group first"
+    enqueue_order = True
 
     def sort_key(self, item: TaskView | GroupView) -> tuple:
         return (item.seq,)

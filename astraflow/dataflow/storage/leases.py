@@ -16,11 +16,12 @@ def insert(
     now: float,
     deadline: float,
     versions: dict[str, int],
+    is_eval: bool,
 ) -> None:
     tx.execute(
-        "INSERT INTO leases(id, task_id, node_id, issued_at, deadline, state, versions) "
-        "VALUES(?,?,?,?,?,'active',?)",
-        (lease_id, task_id, node_id, now, deadline, json.dumps(versions)),
+        "INSERT INTO leases(id, task_id, node_id, issued_at, deadline, state, versions, is_eval) "
+        "VALUES(?,?,?,?,?,'active',?,?)",
+        (lease_id, task_id, node_id, now, deadline, json.dumps(versions), int(is_eval)),
     )
 
 
@@ -69,12 +70,7 @@ def active_count_of_task(tx: Tx, task_id: str) -> int:
 
 def in_flight_training(tx: Tx) -> int:
     """Active leases of training (not evaluation) tasks."""
-    return tx.scalar(
-        "SELECT COUNT(*) FROM leases l JOIN tasks t ON t.id = l.task_id "
-        "WHERE l.state='active' AND t.is_eval=0",
-        (),
-        0,
-    )
+    return tx.scalar("SELECT COUNT(*) FROM leases WHERE state='active' AND is_eval=0", (), 0)
 
 
 def active_of_node(tx: Tx, node_id: str) -> list[str]:
