@@ -50,4 +50,23 @@ def run_dataflow(opts: DataflowOptions, app: FastAPI | None = None) -> None:
     from astraflow.protocol.http_server import run
 
     app = app if app is not None else build_app(opts)
+    quiet_garbage_collector()
     run(app, opts.host, opts.port, opts.port_file, opts.log_level, opts.tls)
+
+
+def quiet_garbage_collector() -> None:
+    """Keep Python's cyclic garbage collector from pausing the service for tens of milliseconds.
+
+    Every request allocates (bodies, models, rows) and a full collection walks every object the
+    process holds: measured under the load bench, 5 full collections in 15 s took 37 ms each
+    with the GIL held, stalling the store's writer and every reply, which showed as the push
+    latency's p99. The objects that exist once the app is built (modules, schemas, the recipe) live
+    as long as the process, so they are frozen out of collections, and the youngest generation is
+    collected every 10,000 allocations instead of 700 (the service's garbage is short-lived and
+    mostly freed by reference counting)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    _gen0, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(10_000, gen1, gen2)
