@@ -25,8 +25,9 @@ divided by the system's, for the same trained samples.
 ``--quick``: one seed, 10 steps, baseline and replay: a smoke run of the measurement (held-out
 accuracy barely moves in 10 steps; rollout and waste counts do), two end-to-end trainings side by
 side; ``--systems`` picks others. Full: three seeds, 48 steps, 8 systems, an evaluation of the
-500-problem level-2 test split every 6 steps = 24 runs of 1-2 min each (~45 min on a quiet 2-core
-machine; `--systems` runs a subset). Times to an accuracy are interpolated between evaluations.
+500-problem level-2 test split every 6 steps = 24 runs of about a minute each (~25 min on a quiet
+2-core machine; `--systems` runs a subset). Times to an accuracy are interpolated between
+evaluations.
 """
 
 from __future__ import annotations
