@@ -235,11 +235,8 @@ def _migrate(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX IF NOT EXISTS leases_in_flight ON leases (state, is_eval)")
 
 
-def chunks(items: list, size: int = 500) -> list[list]:
-    """``items`` in slices small enough for one ``IN (?, ...)`` list (SQLite caps the number of
-    bound parameters of a statement)."""
-    items = list(items)
-    return [items[i : i + size] for i in range(0, len(items), size)]
+#: bound parameters per ``IN (...)`` list: well below SQLite's cap on a statement's parameters
+IN_LIST_SIZE = 500
 
 
 class Tx:
@@ -254,6 +251,17 @@ class Tx:
 
     def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
         return self.conn.executemany(sql, rows)
+
+    def select_in(self, sql: str, values: list) -> list[tuple]:
+        """Rows of ``sql`` whose ``{marks}`` is replaced by ``?, ?, ...`` for ``values``: one
+        statement per :data:`IN_LIST_SIZE` values instead of one per value (the single writer
+        runs every statement of every operation)."""
+        rows: list[tuple] = []
+        for i in range(0, len(values), IN_LIST_SIZE):
+            chunk = values[i : i + IN_LIST_SIZE]
+            marks = ",".join("?" * len(chunk))
+            rows.extend(self.conn.execute(sql.format(marks=marks), chunk))
+        return rows
 
     def one(self, sql: str, params: Any = ()) -> Any:
         return self.conn.execute(sql, params).fetchone()
@@ -433,20 +441,9 @@ class Store:
         ready.set()
         stop = False
         while not stop:
-            item = self._queue.get()
-            if item is None:
-                break
-            batch = [item]
-            while len(batch) < self.max_group:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                batch.append(nxt)
-            self._run_group(conn, batch)
+            batch, stop = _drain(self._queue, self.max_group)
+            if batch:
+                self._run_group(conn, batch)
         if self._flusher is not None:
             self._flusher.close()  # every reply of a committed group goes out first
         try:
@@ -596,17 +593,7 @@ class _WalFlusher:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            groups, stop = ([], True) if item is None else ([item], False)
-            while not stop:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                else:
-                    groups.append(nxt)
+            groups, stop = _drain(self._queue)
             if groups and self.failed is None:
                 t0 = time.perf_counter()
                 try:
@@ -622,6 +609,22 @@ class _WalFlusher:
                     self._fail(outcomes, self.failed)
             if stop:
                 return
+
+
+def _drain(q: queue.SimpleQueue, limit: int | None = None) -> tuple[list, bool]:
+    """Wait for one item, then take every item already queued (up to ``limit``): the items to
+    handle together, and whether the stop sentinel (None) came."""
+    items: list = []
+    item = q.get()
+    while item is not None:
+        items.append(item)
+        if limit is not None and len(items) >= limit:
+            return items, False
+        try:
+            item = q.get_nowait()
+        except queue.Empty:
+            return items, False
+    return items, True
 
 
 class _AsyncSink:

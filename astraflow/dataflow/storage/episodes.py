@@ -9,11 +9,9 @@ from astraflow.dataflow.store import Tx
 def existing(tx: Tx, episode_ids: list[str]) -> set[str]:
     """Which of ``episode_ids`` were pushed already: one query for a whole push (the store's
     single writer runs every statement of every push, so statements per push bound the rate)."""
-    if not episode_ids:
-        return set()
-    marks = ",".join("?" * len(episode_ids))
-    rows = tx.execute(f"SELECT id FROM episodes WHERE id IN ({marks})", episode_ids)
-    return {r[0] for r in rows}
+    return {
+        r[0] for r in tx.select_in("SELECT id FROM episodes WHERE id IN ({marks})", episode_ids)
+    }
 
 
 def insert_many(tx: Tx, rows: list[tuple]) -> None:

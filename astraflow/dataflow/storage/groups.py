@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from astraflow.dataflow.store import Tx, chunks
+from astraflow.dataflow.store import Tx
 
 
 def insert(tx: Tx, row: tuple) -> None:
@@ -59,16 +59,11 @@ def exists(tx: Tx, group_id: str) -> tuple | None:
 
 def for_assembly(tx: Tx, group_ids: list[str]) -> dict[str, tuple[str, str, float, float]]:
     """Group id -> (task_id, task_set, reward_mean, reward_std), for a whole batch at once."""
-    out: dict[str, tuple[str, str, float, float]] = {}
-    for chunk in chunks(group_ids):
-        marks = ",".join("?" * len(chunk))
-        for row in tx.execute(
-            "SELECT id, task_id, task_set, reward_mean, reward_std FROM groups "
-            f"WHERE id IN ({marks})",
-            chunk,
-        ):
-            out[row[0]] = row[1:]
-    return out
+    rows = tx.select_in(
+        "SELECT id, task_id, task_set, reward_mean, reward_std FROM groups WHERE id IN ({marks})",
+        group_ids,
+    )
+    return {row[0]: row[1:] for row in rows}
 
 
 def mark_dropped(tx: Tx, group_id: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from astraflow.dataflow.store import Tx, chunks
+from astraflow.dataflow.store import Tx
 
 #: Idempotency keys are kept this long (retries happen within minutes).
 IDEMPOTENCY_TTL_S = 24 * 3600.0
@@ -20,11 +20,7 @@ def remembered(tx: Tx, key: str | None, kind: str) -> bytes | None:
 
 def remembered_many(tx: Tx, keys: list[str]) -> dict[str, bytes]:
     """:func:`remembered` for many keys in a few statements (a lease pass over parked requests)."""
-    out: dict[str, bytes] = {}
-    for chunk in chunks(keys):
-        marks = ",".join("?" * len(chunk))
-        out.update(tx.execute(f"SELECT key, result FROM idempotency WHERE key IN ({marks})", chunk))
-    return out
+    return dict(tx.select_in("SELECT key, result FROM idempotency WHERE key IN ({marks})", keys))
 
 
 def remember(tx: Tx, key: str | None, kind: str, result: bytes, now: float) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from astraflow.dataflow.store import Tx, chunks
+from astraflow.dataflow.store import Tx
 
 
 def insert(tx: Tx, node_id: str, body: str, versions: dict[str, int], now: float) -> None:
@@ -39,11 +39,7 @@ def state(tx: Tx, node_id: str) -> str | None:
 
 def states(tx: Tx, node_ids: list[str]) -> dict[str, str]:
     """:func:`state` of many nodes in a few statements; unregistered ids are absent."""
-    out: dict[str, str] = {}
-    for chunk in chunks(node_ids):
-        marks = ",".join("?" * len(chunk))
-        out.update(tx.execute(f"SELECT id, state FROM nodes WHERE id IN ({marks})", chunk))
-    return out
+    return dict(tx.select_in("SELECT id, state FROM nodes WHERE id IN ({marks})", node_ids))
 
 
 def touch(tx: Tx, node_id: str, now: float, versions: dict[str, int] | None) -> None:

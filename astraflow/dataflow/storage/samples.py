@@ -4,7 +4,7 @@ on; the arrays are emptied once no trainer can receive the sample again."""
 
 from __future__ import annotations
 
-from astraflow.dataflow.store import Tx, chunks
+from astraflow.dataflow.store import Tx
 
 
 def insert(tx: Tx, rows: list[tuple]) -> None:
@@ -57,16 +57,12 @@ def rewards_of_group(tx: Tx, group_id: str) -> list[float]:
 def for_assembly(tx: Tx, sample_ids: list[str]) -> dict[str, tuple]:
     """Sample id -> (role, task_id, episode_id, tokens, loss_mask, logprobs, versions, reward),
     for a whole batch in a few statements."""
-    out: dict[str, tuple] = {}
-    for chunk in chunks(sample_ids):
-        marks = ",".join("?" * len(chunk))
-        for row in tx.execute(
-            "SELECT id, role, task_id, episode_id, tokens, loss_mask, logprobs, versions, reward "
-            f"FROM samples WHERE id IN ({marks})",
-            chunk,
-        ):
-            out[row[0]] = row[1:]
-    return out
+    rows = tx.select_in(
+        "SELECT id, role, task_id, episode_id, tokens, loss_mask, logprobs, versions, reward "
+        "FROM samples WHERE id IN ({marks})",
+        sample_ids,
+    )
+    return {row[0]: row[1:] for row in rows}
 
 
 def copy_group(tx: Tx, suffix: str, copy_id: str, group_id: str) -> None:
