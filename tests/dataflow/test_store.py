@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import threading
 
@@ -77,26 +78,19 @@ def test_metrics_lines_missing_after_a_crash_are_recovered(tmp_path):
     store.close()
 
 
-def _blocking_wal_fsync(monkeypatch, store_path):
-    """Hold every fsync of the store's WAL file until the returned event is set."""
-    import os
-
+def _on_wal_fsync(monkeypatch, store_path, action) -> None:
+    """Run ``action()`` before every fsync of the store's WAL file (it may block or raise)."""
     from astraflow.dataflow import store as store_mod
 
-    release, entered = threading.Event(), threading.Event()
+    wal_ino = os.stat(f"{store_path}-wal").st_ino
     real_fsync = os.fsync
-    wal_ino = []
 
     def fsync(fd):
-        if not wal_ino:
-            wal_ino.append(os.stat(f"{store_path}-wal").st_ino)
-        if os.fstat(fd).st_ino == wal_ino[0]:
-            entered.set()
-            release.wait(10)
+        if os.fstat(fd).st_ino == wal_ino:
+            action()
         return real_fsync(fd)
 
     monkeypatch.setattr(store_mod.os, "fsync", fsync)
-    return release, entered
 
 
 def test_full_replies_wait_for_the_wal_flush_while_the_writer_goes_on(tmp_path, monkeypatch):
@@ -104,7 +98,8 @@ def test_full_replies_wait_for_the_wal_flush_while_the_writer_goes_on(tmp_path, 
     fsync of the WAL, and the writer commits the next groups meanwhile."""
     path = tmp_path / "s.db"
     store = Store(path)
-    release, entered = _blocking_wal_fsync(monkeypatch, path)
+    release, entered = threading.Event(), threading.Event()
+    _on_wal_fsync(monkeypatch, path, lambda: (entered.set(), release.wait(10)))
     first = store.submit(lambda tx: tx.set_meta("a", "1"))
     assert entered.wait(5)  # the flusher is inside fsync for the first group
     second = store.submit(lambda tx: tx.set_meta("b", "2"))
@@ -123,22 +118,15 @@ def test_full_replies_wait_for_the_wal_flush_while_the_writer_goes_on(tmp_path, 
 
 
 def test_a_failed_wal_flush_fails_its_replies_and_closes_the_store(tmp_path, monkeypatch):
-    import os
-
-    from astraflow.dataflow import store as store_mod
     from astraflow.dataflow.store import StoreClosed
 
     path = tmp_path / "s.db"
     store = Store(path)
-    wal_ino = os.stat(f"{path}-wal").st_ino
-    real_fsync = os.fsync
 
-    def fsync(fd):
-        if os.fstat(fd).st_ino == wal_ino:
-            raise OSError(5, "Input/output error")
-        return real_fsync(fd)
+    def fail():
+        raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(store_mod.os, "fsync", fsync)
+    _on_wal_fsync(monkeypatch, path, fail)
     with pytest.raises(OSError, match="Input/output error"):
         store.call(lambda tx: tx.set_meta("a", "1"))
     with pytest.raises(StoreClosed, match="failed to flush"):
