@@ -18,3 +18,7 @@ ENGINE_KINDS: tuple[str, ...] = get_args(EngineKind)
 #: The kinds that load a checkpoint into their own process (``openai`` calls a model served
 #: elsewhere, so ``astraflow serve policy`` has nothing to load for it).
 CHECKPOINT_ENGINE_KINDS: tuple[str, ...] = tuple(k for k in ENGINE_KINDS if k != "openai")
+
+#: The kinds that serve LoRA adapter policies of a base (``policies.NAME.base``): the base is a
+#: checkpoint they load, the adapters ride on it.
+ADAPTER_ENGINE_KINDS: tuple[str, ...] = CHECKPOINT_ENGINE_KINDS

@@ -9,8 +9,14 @@ It imports only the standard library, so a registry can use it at CLI start-up.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
+import threading
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 
@@ -50,3 +56,35 @@ def discover(group: str) -> Discovery:
         dist = ep.dist.name if ep.dist is not None else "unknown"
         found.loaded.append(LoadedEntryPoint(ep.name, ep.value, obj, dist))
     return found
+
+
+#: Serialises loading ``.py`` files by path. The import system locks dotted imports per module,
+#: but a file loaded through ``spec_from_file_location`` has no such lock: envs are made in several
+#: threads of a node's env pool at once, and without this one thread found another's module in
+#: ``sys.modules`` before its body had run (``has no function 'hint'``). Re-entrant, so a file that
+#: loads another file through this function does not deadlock.
+_FILE_IMPORT_LOCK = threading.RLock()
+
+
+def import_location(where: str, prefix: str, *, fresh: bool = False) -> ModuleType:
+    """The module a ``where:name`` reference names: a dotted module path, or a ``.py`` file
+    (loaded as ``{prefix}_{stem}``; ``fresh`` re-runs a file loaded before). Raises what the import
+    raises (``FileNotFoundError`` for a missing file), for the caller to name in its own terms.
+    Thread-safe: a file is executed once, and no caller sees it before its body has run."""
+    if not where.endswith(".py"):
+        return importlib.import_module(where)
+    path = Path(where).resolve()
+    spec = importlib.util.spec_from_file_location(f"{prefix}_{path.stem}", path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise FileNotFoundError(f"no such file {path}")
+    with _FILE_IMPORT_LOCK:
+        module = None if fresh else sys.modules.get(spec.name)
+        if module is None:
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                sys.modules.pop(spec.name, None)  # a failed body is not a loaded module
+                raise
+    return module

@@ -25,19 +25,20 @@ import difflib
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, Self, TypeVar
 
+from astraflow.errors import AstraFlowError
 from astraflow.plugins import LoadedEntryPoint, discover, plugin_error
 
 T = TypeVar("T")
 
 
-class UnknownNameError(KeyError):
+class UnknownNameError(AstraFlowError, KeyError):
     """A name no item is registered under (a ``KeyError`` whose message is shown unquoted)."""
 
     def __str__(self) -> str:  # KeyError repr()s its argument; the message is meant to be read
         return str(self.args[0])
 
 
-class DuplicateNameError(ValueError):
+class DuplicateNameError(AstraFlowError, ValueError):
     """A second, different item registered under a taken name."""
 
 

@@ -1,12 +1,17 @@
-"""Helpers shared by the CLI modules: console, errors, the 'not yet available' exit."""
+"""Helpers shared by the CLI modules: console, errors, the 'not yet available' exit, the typed
+client of a running job's dataflow service."""
 
 from __future__ import annotations
 
-from typing import NoReturn
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+
+if TYPE_CHECKING:
+    from astraflow.protocol.client import SyncDataflowClient
 
 console = Console()
 err_console = Console(stderr=True)
@@ -31,4 +36,26 @@ def load_recipe_or_exit(path, overrides=None):
     try:
         return load_recipe(path, overrides or [])
     except RecipeError as exc:
+        fail(str(exc))
+
+
+#: ``--ca-file`` of the commands that talk to a running job's service.
+CA_FILE_OPTION = typer.Option(
+    None, "--ca-file", envvar="ASTRAFLOW_CA_FILE", help="CA to verify an https:// URL against"
+)
+
+
+def dataflow_client(
+    url: str, token: str, ca_file: Path | None, *, timeout: float = 10.0, retries: int = 1
+) -> SyncDataflowClient:
+    """The typed client of the dataflow service at ``url``; a CA file that cannot be used is a
+    clear exit naming the flag, never a traceback."""
+    from astraflow.protocol.client import SyncDataflowClient
+    from astraflow.protocol.tls import TLSConfigError
+
+    try:
+        return SyncDataflowClient(
+            url, token, timeout=timeout, retries=retries, ca_file=str(ca_file) if ca_file else None
+        )
+    except TLSConfigError as exc:
         fail(str(exc))

@@ -117,6 +117,8 @@ def _random_episodes(env, episodes: int, seed: int, max_action_chars: int) -> di
         obs, info = env.reset(seed=seed + ep)
         assert env.observation_space.contains(obs), "reset observation not in observation_space"
         assert isinstance(info, dict), "reset info is not a dict"
+        if "messages" in info:
+            _check_messages(info["messages"], "reset")
         env.action_space.seed(seed + ep)
         total, n, done = 0.0, 0, False
         while not done:
@@ -132,14 +134,43 @@ def _random_episodes(env, episodes: int, seed: int, max_action_chars: int) -> di
                 f"step {n}: reward {reward!r}"
             )
             assert isinstance(info, dict), f"step {n}: info is not a dict"
+            _check_info(info, reward, terminated, truncated, f"step {n}")
             total += reward
             done = terminated or truncated
             if n > 10_000:
                 raise AssertionError("episode did not end within 10000 random steps")
-        assert "success" in info, "final info lacks 'success'"
+        assert isinstance(info.get("success"), bool), (
+            f"final info's 'success' must be a bool, got {info.get('success')!r}"
+        )
         rewards.append(total)
         steps.append(n)
     return {"mean_reward": sum(rewards) / len(rewards), "mean_steps": sum(steps) / len(steps)}
+
+
+def _check_messages(messages: Any, where: str) -> None:
+    """``info["messages"]``: chat turns a workflow renders (any role incl. ``tool``)."""
+    from astraflow.rollout.workflows.tokens import check_turn_messages
+
+    try:
+        check_turn_messages(messages)
+    except ValueError as exc:
+        raise AssertionError(f"{where}: info['messages']: {exc}") from None
+
+
+def _check_info(info: dict, reward: float, terminated: bool, truncated: bool, where: str) -> None:
+    """The step ``info`` keys that mean something (docs/environments.md) hold what they mean."""
+    assert isinstance(terminated, bool) and isinstance(truncated, bool), (
+        f"{where}: terminated/truncated must be bools"
+    )
+    assert not (terminated and truncated), f"{where}: terminated and truncated both set"
+    if "messages" in info:
+        _check_messages(info["messages"], where)
+    if "reward" in info:
+        assert info["reward"] == reward, (
+            f"{where}: info['reward'] {info['reward']!r} is not the returned reward {reward!r}"
+        )
+    if "success" in info:
+        assert isinstance(info["success"], bool), f"{where}: info['success'] must be a bool"
 
 
 def check_one(env_id: str, kwargs: dict[str, Any], episodes: int, seed: int,
@@ -148,10 +179,15 @@ def check_one(env_id: str, kwargs: dict[str, Any], episodes: int, seed: int,
     import gymnasium as gym
     from gymnasium.utils.env_checker import check_env
 
+    from envs.registry import default_registry
+
     row: dict[str, Any] = {"id": env_id, "ok": False, "error": "", "warnings": []}
     t0 = time.perf_counter()
     try:
-        env = gym.make(env_id, **kwargs).unwrapped
+        if env_id in gym.registry:
+            env = gym.make(env_id, **kwargs).unwrapped
+        else:  # a family id (skyrl:ID) is no Gymnasium id: Gymnasium reads "module:id" from it
+            env = default_registry().make(env_id, **kwargs)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             check_env(env)

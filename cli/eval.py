@@ -39,7 +39,19 @@ def run(
     ),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
     max_turns: int = typer.Option(1, "--max-turns", min=1, help="Turns per episode"),
-    workflow: str = typer.Option("single_agent", "--workflow", help="Workflow the episodes run"),
+    workflow: str = typer.Option(
+        "single_agent", "--workflow", help="Workflow the episodes run (--agent: openai_agent)"
+    ),
+    agent: str | None = typer.Option(
+        None,
+        "--agent",
+        help="openai_agent workflow: the agent, 'package.module:function' or 'file.py:function'",
+    ),
+    tool_parser: str = typer.Option(
+        "auto",
+        "--tool-parser",
+        help="How the policy writes tool calls (hermes, ...; auto: its template)",
+    ),
     kwarg: list[str] = typer.Option(
         [], "--kwarg", help="Task-set loader KEY=VALUE (e.g. path=tasks.jsonl)"
     ),
@@ -65,6 +77,18 @@ def run(
     if not name:
         fail(f"--tasks expects SET or SET:SPLIT, got {tasks!r}")
     split = split or "test"
+    if agent and workflow == "single_agent":
+        workflow = "openai_agent"  # an agent runs under the workflow that calls it
+    if workflow == "openai_agent" and not agent:
+        fail("--workflow openai_agent needs --agent package.module:function (or file.py:function)")
+    if agent:
+        from astraflow.rollout.workflows.base import WorkflowError
+        from astraflow.rollout.workflows.openai_agent import load_agent
+
+        try:
+            load_agent(agent)
+        except WorkflowError as exc:
+            fail(str(exc))
     temp = temperature if temperature is not None else (0.0 if samples == 1 else 1.0)
     if samples > 1 and temp == 0.0:
         fail("--samples > 1 with --temperature 0 gives K identical attempts; use a temperature > 0")
@@ -75,7 +99,7 @@ def run(
         config = TaskSetEval(
             env=env, task_set=name, split=split, limit=limit, samples=samples,
             concurrency=concurrency, max_turns=max_turns, workflow=workflow, seed=seed,
-            task_kwargs=task_kwargs, env_kwargs=env_kwargs,
+            task_kwargs=task_kwargs, env_kwargs=env_kwargs, agent=agent,
         )  # fmt: skip
         checkpoint = resolve_policy(policy)
         version = weight_version(checkpoint)
@@ -84,7 +108,15 @@ def run(
 
     async def main():
         runner = _policy_agent(
-            policy, engine, device, engine_args, max_tokens, temp, "limit", top_p=top_p
+            policy,
+            engine,
+            device,
+            engine_args,
+            max_tokens,
+            temp,
+            "limit",
+            top_p=top_p,
+            tool_parser=tool_parser,
         )
         # generations carry the checkpoint's weight version, as on a rollout node holding it
         runner.engine.version = version
@@ -129,6 +161,9 @@ def run(
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(report, indent=2, default=str) + "\n")
     console.print(f"report written to {target}")
+    rows = report["samples"]
+    if rows and all("error" in r for r in rows):  # nothing was evaluated: the work failed
+        fail(f"every one of the {len(rows)} samples failed; the first: {rows[0]['error']}")
 
 
 def weight_version(checkpoint: str) -> int:
@@ -303,6 +338,7 @@ def _policy_agent(
     overflow: str,
     *,
     top_p: float = 1.0,
+    tool_parser: str = "auto",
 ):
     """The policy's engine, serving every episode (what a rollout node would run)."""
     from astraflow.rollout.evaluation.agents import EngineAgent
@@ -316,6 +352,7 @@ def _policy_agent(
         temperature=temperature,
         overflow=overflow,
         top_p=top_p,
+        tool_parser=tool_parser,
     )
 
 

@@ -10,6 +10,7 @@ import typer
 
 from cli import (
     certs,
+    dashboard,
     envs,
     export,
     models,
@@ -18,9 +19,11 @@ from cli import (
     sandbox,
     serve,
     status,
+    stop,
     tasks,
     token,
     train,
+    transcripts,
 )
 from cli import eval as eval_cmd
 
@@ -41,12 +44,19 @@ app.add_typer(
     help="Run one service: dataflow, rollout, trainer, weight-cache, policy.",
 )
 app.command("status", help="Live view of a running job's dataflow service.")(status.status)
+app.command("stop", help="Stop a running job cleanly (admin token).")(stop.stop)
 app.add_typer(recipe.app, name="recipe", help="Validate and inspect recipes.")
 app.add_typer(models.app, name="models", help="Build and list built-in models.")
 app.add_typer(
     sandbox.app, name="sandbox", help="Code sandboxes: build the Docker image, list backends."
 )
 app.command("report", help="Plots and summary of a run directory.")(report.report)
+app.command("dashboard", help="The run in a browser: figures, nodes, single trajectories.")(
+    dashboard.dashboard
+)
+app.command("transcripts", help="What the policy wrote: a run's sampled episodes, turn by turn.")(
+    transcripts.transcripts
+)
 app.add_typer(certs.app, name="certs", help="Create a CA and server certificate for HTTPS.")
 app.command("export", help="A trainer checkpoint as a standalone model (LoRA merged).")(
     export.export

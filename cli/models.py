@@ -41,10 +41,13 @@ def build(
         None, help="Output directory (default: the package's built-in checkpoint directory)."
     ),
     steps: Optional[int] = typer.Option(
-        None, help="Most warm-start optimizer steps (0 = random init; default 1200)."
+        None,
+        help="Most warm-start optimizer steps (0 = random init; default 1200 for tiny-arith, "
+        "400 for tiny-tools).",
     ),
     target_accuracy: float = typer.Option(
-        0.25, help="Stop once greedy dev accuracy reaches this (0 = always run --steps)."
+        0.25,
+        help="tiny-arith: stop once greedy dev accuracy reaches this (0 = always run --steps).",
     ),
     eval_size: int = typer.Option(500, help="Test problems for the reported accuracy."),
 ) -> None:
@@ -62,9 +65,10 @@ def build(
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from astraflow.models import tiny_arith
+    from astraflow.models import tiny_arith, tiny_tools
 
-    total = tiny_arith.DEFAULT_STEPS if steps is None else steps
+    builder = tiny_tools if name == "tiny-tools" else tiny_arith
+    total = builder.DEFAULT_STEPS if steps is None else steps
     target = out if out is not None else BUILTIN_MODELS[name].path
     with Progress(
         TextColumn("[bold]warm start[/]"),
@@ -79,19 +83,34 @@ def build(
         def on_step(step: int, loss: float) -> None:
             progress.update(task, completed=step, loss=f"{loss:.3f}")
 
-        result = tiny_arith.build(
-            target,
-            seed=seed,
-            steps=total,
-            on_step=on_step,
-            target_accuracy=target_accuracy,
-            eval_size=eval_size,
-        )
+        if builder is tiny_tools:
+            result = tiny_tools.build(
+                target, seed=seed, steps=total, on_step=on_step, eval_size=min(eval_size, 500)
+            )
+        else:
+            result = tiny_arith.build(
+                target,
+                seed=seed,
+                steps=total,
+                on_step=on_step,
+                target_accuracy=target_accuracy,
+                eval_size=eval_size,
+            )
         progress.update(task, total=result.steps or total, completed=result.steps)
     console.print(
         f"[green]built[/] {name} -> {result.out_dir}  "
-        f"({result.params:,} params, {result.size_bytes / 1e6:.1f} MB, {result.steps} steps)\n"
-        f"greedy accuracy on arith test (level {tiny_arith.ARITH_LEVEL}): "
-        f"{result.greedy_accuracy:.1%}; sampled (T=1): {result.sampled_accuracy:.1%}; "
-        f"problems with mixed right/wrong samples (of 8): {result.mixed_group_fraction:.1%}"
+        f"({result.params:,} params, {result.size_bytes / 1e6:.1f} MB, {result.steps} steps)"
     )
+    if isinstance(result, tiny_tools.ToolsBuildResult):
+        for label, rates in (("sampled (T=1)", result.sampled), ("greedy", result.greedy)):
+            console.print(
+                f"{label} on calculator test: success {rates.success:.1%}, correct calls "
+                f"{rates.correct_call:.1%}, other calls {rates.other_call:.1%}, "
+                f"no call {rates.no_call:.1%}"
+            )
+    else:
+        console.print(
+            f"greedy accuracy on arith test (level {tiny_arith.ARITH_LEVEL}): "
+            f"{result.greedy_accuracy:.1%}; sampled (T=1): {result.sampled_accuracy:.1%}; "
+            f"problems with mixed right/wrong samples (of 8): {result.mixed_group_fraction:.1%}"
+        )

@@ -37,7 +37,7 @@ def check(
                 f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
             )
             continue
-        if not _agent_ok(f, recipe):
+        if not _workflow_ok(f, recipe) or not _agent_ok(f, recipe):
             failed += 1
             continue
         if tasks and not _tasks_ok(f, recipe, rows):
@@ -54,23 +54,50 @@ def check(
         raise typer.Exit(1)
 
 
+def _error(path: Path, message: str) -> bool:
+    err_console.print(
+        f"[bold red]error:[/] {escape(str(path))}: {escape(message)}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return False
+
+
+def _workflow_ok(path: Path, recipe) -> bool:
+    """Resolve ``workflow.name`` as every rollout node will: a typo there otherwise fails every
+    episode of the run (the node pushes them as errors and the run stops as stalled)."""
+    from astraflow.rollout.workflows import default_workflows
+
+    registry = default_workflows()
+    try:
+        registry.get(recipe.workflow.name)
+    except Exception as exc:
+        return _error(path, f"workflow.name: {exc}")
+    return True
+
+
 def _agent_ok(path: Path, recipe) -> bool:
-    """Import ``workflow.agent`` and check its signature, as every rollout node will at start-up:
-    a typo there otherwise surfaces only as a failed episode on each node after the run started."""
+    """Import ``workflow.agent`` and check its signature, as every rollout node will at start-up,
+    and check the model names it writes out against the roles: a typo there otherwise surfaces
+    only as a failed episode on each node after the run started."""
     if not recipe.workflow.agent:
         return True
     from astraflow.rollout.workflows.base import WorkflowError
-    from astraflow.rollout.workflows.openai_agent import load_agent
+    from astraflow.rollout.workflows.openai_agent import literal_model_names, load_agent
 
     try:
-        load_agent(recipe.workflow.agent)
+        fn, _ = load_agent(recipe.workflow.agent)
     except WorkflowError as exc:
-        err_console.print(
-            f"[bold red]error:[/] {escape(str(path))}: {escape(str(exc))}",
-            highlight=False,
-            soft_wrap=True,
+        return _error(path, str(exc))
+    roles = sorted(recipe.workflow.roles)
+    unknown = sorted(literal_model_names(fn) - set(roles))
+    if unknown:
+        return _error(
+            path,
+            f"workflow.agent {recipe.workflow.agent!r} asks for model(s) {', '.join(map(repr, unknown))}"
+            f", but the model names an agent may use are the workflow roles: {', '.join(roles)} "
+            "(map more roles to policies in [workflow.roles], or call model=ROLE)",
         )
-        return False
     return True
 
 

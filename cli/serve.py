@@ -145,23 +145,26 @@ def dataflow(
     tls = _server_tls(tls_cert, tls_key, spec, "the dataflow service")
     from astraflow.dataflow.main import DataflowOptions, build_app, run_dataflow
     from astraflow.dataflow.policies import PolicyConfigError
+    from tasks.catalog import load_task_set
 
     host = host or spec.dataflow.host
     port = spec.dataflow.port if port is None else port
-    opts = DataflowOptions(recipe=spec, token=token, host=host, port=port, store=store,
-                           port_file=port_file, synchronous=synchronous.upper(),
-                           log_level=log_level, tls=tls)  # fmt: skip
+    opts = DataflowOptions(recipe=spec, token=token, task_source=load_task_set, host=host,
+                           port=port, store=store, port_file=port_file,
+                           synchronous=synchronous.upper(), log_level=log_level, tls=tls)  # fmt: skip
     try:
         app_ = build_app(opts)
     except (PolicyConfigError, ValueError, KeyError) as exc:
         fail(f"{recipe}: {exc}")
-    console.print(
-        f"[bold]dataflow[/] run {spec.run.name!r} store "
-        f"{app_.state.service.store.path} on {'https' if tls else 'http'}://{host}:"
-        f"{port or '(free port)'}",
-        highlight=False,
-    )
-    run_dataflow(opts, app_)
+
+    def listening(url: str) -> None:  # the bound port, also for --port 0
+        console.print(
+            f"[bold]dataflow[/] run {spec.run.name!r} store {app_.state.service.store.path} on "
+            f"{url}",
+            highlight=False,
+        )
+
+    run_dataflow(opts, app_, on_listening=listening)
 
 
 @app.command()
@@ -247,7 +250,12 @@ def rollout(
 @app.command()
 def trainer(
     recipe: Path = typer.Option(..., "--recipe", "-r", help="Recipe file"),
-    policy: str = typer.Option(..., "--policy", help="Policy this trainer trains"),
+    policy: list[str] = typer.Option(
+        ...,
+        "--policy",
+        help="Policy this trainer trains; repeat it for several LoRA adapter policies of one "
+        "base, trained in this one process",
+    ),
     join: str = typer.Option(..., "--join", help="Dataflow service URL"),
     token: str = typer.Option(
         None, "--token", envvar="ASTRAFLOW_TOKEN", help="Trainer token (or the run secret)"
@@ -271,17 +279,20 @@ def trainer(
     ca_file: Path = typer.Option(None, "--ca-file", envvar="ASTRAFLOW_CA_FILE", help=_CA_HELP),
     log_level: str = typer.Option(None, "--log-level", help=_LOG_HELP),
 ) -> None:
-    """Trainer for one policy (TRL GRPO family); serves its weight versions over HTTP(S)."""
+    """Trainer for one policy (TRL GRPO family), or for several LoRA adapter policies of one
+    base; serves their weight versions over HTTP(S)."""
     from astraflow.protocol.auth import ADMIN, TRAINER
     from cli.common import fail, load_recipe_or_exit
 
     _check_token(token, "trainer", (TRAINER, ADMIN))
     spec = load_recipe_or_exit(recipe, overrides)
     _configure_logging(log_level, spec)
-    if policy not in spec.policies:
-        fail(
-            f"--policy {policy!r} is not defined in {recipe}; defined: {', '.join(sorted(spec.policies))}"
-        )
+    for name in policy:
+        if name not in spec.policies:
+            fail(
+                f"--policy {name!r} is not defined in {recipe}; defined: "
+                f"{', '.join(sorted(spec.policies))}"
+            )
     tls = _server_tls(tls_cert, tls_key, spec, "the trainer's weight server")
     ca = _ca_file(ca_file, spec)
     if weights_host is None:
@@ -289,7 +300,7 @@ def trainer(
     from astraflow.protocol.client import DataflowClientError
     from astraflow.trainer.main import TrainerOptions, run_trainer
 
-    opts = TrainerOptions(recipe=spec, policy=policy, join=join, token=token,
+    opts = TrainerOptions(recipe=spec, policies=list(policy), join=join, token=token,
                           run_dir=run_dir or spec.run.run_dir, resume=resume,
                           weights_host=weights_host, weights_port=weights_port, tls=tls,
                           ca_file=str(ca) if ca else None)  # fmt: skip
@@ -302,10 +313,19 @@ def trainer(
 @app.command("weight-cache")
 def weight_cache(
     upstream: list[str] = typer.Option(
-        ...,
+        [],
         "--upstream",
         help="Trainer weight server as seen from here: URL (every policy) or POLICY=URL; repeat "
-        "for several trainers",
+        "for several trainers (with --join: the first guess, followed when it moves)",
+    ),
+    join: str = typer.Option(
+        None,
+        "--join",
+        help="The run's dataflow URL: each policy's weight server is read from its version "
+        "table and followed across trainer restarts (the token is then a node token)",
+    ),
+    ca_file: Path = typer.Option(
+        None, "--ca-file", help="CA bundle for https:// dataflow and weight servers"
     ),
     token: str = typer.Option(None, "--token", envvar="ASTRAFLOW_TOKEN", help="Run token"),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (nodes of the region)"),
@@ -335,16 +355,25 @@ def weight_cache(
     from astraflow.weights.cache import WeightCache, create_cache_app, parse_upstreams
 
     try:
-        upstreams = parse_upstreams(upstream)
+        upstreams = parse_upstreams(upstream, required=join is None)
     except ValueError as exc:
         fail(str(exc))
-    cache = WeightCache(upstreams, token, cache_dir, keep_files=keep)
-    console.print(
-        f"[bold]weight cache[/] for {upstreams} in {cache.root} on {host}:{port or '(free port)'}",
-        highlight=False,
-    )
+    cache = WeightCache(
+        upstreams, token, cache_dir, keep_files=keep, dataflow=join,
+        ca_file=str(ca_file) if ca_file else None,
+    )  # fmt: skip
+    following = f" following {join}" if join else ""
+
+    def listening(url: str) -> None:  # the bound port, also for --port 0
+        console.print(
+            f"[bold]weight cache[/] for {upstreams or '(from the version table)'}{following} in "
+            f"{cache.root} on {url}",
+            highlight=False,
+        )
+
     try:
-        run(create_cache_app(cache), host, port, port_file, log_level="warning")
+        run(create_cache_app(cache), host, port, port_file, log_level="warning",
+            on_listening=listening)  # fmt: skip
     finally:
         cache.close()
 
@@ -378,6 +407,12 @@ def policy(
     engine_arg: list[str] = typer.Option(
         [], "--engine-arg", help="KEY=VALUE passed to the engine (repeatable; VALUE read as JSON)"
     ),
+    tool_parser: str = typer.Option(
+        "auto",
+        "--tool-parser",
+        help="How the model writes tool calls: hermes | llama3_json | mistral | pythonic | auto "
+        "(from its chat template)",
+    ),
     log_level: str = typer.Option("warning", "--log-level"),
 ) -> None:
     """OpenAI-compatible server for one policy: /v1/models, /v1/chat/completions (streaming),
@@ -394,15 +429,20 @@ def policy(
         args = parse_engine_args(engine_arg)
     except ValueError as exc:
         fail(str(exc))
+    from astraflow.tools.parsers import AUTO, tool_parsers
+
+    parsers = tool_parsers()
+    if tool_parser != AUTO and tool_parser not in parsers:
+        fail(f"--tool-parser: {parsers.unknown_message(tool_parser)} (or 'auto')")
     generated = not api_key
     api_key = api_key or secrets.token_urlsafe(24)
-    from astraflow.protocol.http_server import serve, url_for
+    from astraflow.protocol.http_server import serve
     from astraflow.rollout.engines.openai_server import create_app
     from astraflow.rollout.policy_server import PolicyServerOptions, build_engine
 
     opts = PolicyServerOptions(
         model=model, api_key=api_key, engine=engine, served_name=name, device=device,
-        torch_threads=threads, engine_args=args,
+        torch_threads=threads, engine_args=args, tool_parser=tool_parser,
     )  # fmt: skip
 
     async def main() -> None:
@@ -411,15 +451,19 @@ def policy(
         except (FileNotFoundError, ValueError) as exc:
             fail(str(exc))
         served_name = name or model
-        try:
+
+        def listening(url: str) -> None:  # the bound port, also for --port 0
             console.print(
                 f"[bold]policy[/] {model!r} ({engine}, weights v{served.version}) as model "
-                f"{served_name!r} on {url_for(host, port) if port else host + ':(free port)'}/v1",
+                f"{served_name!r} on {url}/v1",
                 highlight=False,
             )
             if generated:
                 console.print(f"api key: {api_key}", highlight=False)
-            await serve(create_app(served, served_name, api_key), host, port, port_file, log_level)
+
+        try:
+            app_ = create_app(served, served_name, api_key, tool_parser=opts.tool_parser)
+            await serve(app_, host, port, port_file, log_level, on_listening=listening)
         finally:
             await served.close()
 

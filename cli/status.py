@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 from rich.text import Text
 
-from cli.common import console, fail
+from cli.common import CA_FILE_OPTION, console, dataflow_client, fail
 
 
 def status(
@@ -19,26 +19,29 @@ def status(
     token: str = typer.Option(
         ..., "--token", envvar="ASTRAFLOW_TOKEN", help="Run secret, admin or trainer token"
     ),
-    ca_file: Path = typer.Option(
-        None, "--ca-file", envvar="ASTRAFLOW_CA_FILE", help="CA to verify an https:// URL against"
-    ),
+    ca_file: Path = CA_FILE_OPTION,
     once: bool = typer.Option(False, "--once", help="Print the status once and exit"),
     interval: float = typer.Option(1.0, "--interval", min=0.1, help="Refresh period (seconds)"),
+    run_dir: Path = typer.Option(
+        None,
+        "--run-dir",
+        help="The run's directory: adds the autoscaler's pool and decisions (autoscale.jsonl)",
+    ),
 ) -> None:
     """Render the dataflow service's status live."""
+    from rich.console import Group
     from rich.live import Live
 
-    from astraflow.launch.live import render
-    from astraflow.protocol.client import DataflowClientError, SyncDataflowClient
-    from astraflow.protocol.tls import TLSConfigError
+    from astraflow.launch.live import render as render_status
+    from astraflow.launch.scaling import describe_log
+    from astraflow.protocol.client import DataflowClientError
 
-    try:
-        client = SyncDataflowClient(
-            url, token, timeout=10.0, retries=1, ca_file=str(ca_file) if ca_file else None
-        )
-    except TLSConfigError as exc:
-        fail(str(exc))
-    with client:
+    def render(doc):
+        line = describe_log(run_dir / "autoscale.jsonl") if run_dir is not None else None
+        view = render_status(doc)
+        return view if line is None else Group(Text(line, style="cyan", overflow="fold"), view)
+
+    with dataflow_client(url, token, ca_file) as client:
         try:
             doc = client.status()
         except DataflowClientError as exc:

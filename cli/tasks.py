@@ -41,16 +41,18 @@ def list_(
     if as_json:
         print(json.dumps(rows, indent=2))
         return
+    # Four columns that wrap (never truncate) so ids stay whole at 80 columns; the package a
+    # set comes from is named in its description when it is not astraflow itself.
     table = Table(title="task sets")
-    for col in ("name", "splits", "env", "source", "description"):
-        table.add_column(col)
+    for col in ("name", "splits", "env", "description"):
+        table.add_column(col, overflow="fold")
     for r in rows:
+        source = "" if r["source"] == "astraflow" else f" (from {r['source']})"
         table.add_row(
             r["name"],
             ", ".join(r["splits"]),
             r["default_env"] or "(any)",
-            r["source"],
-            escape(r["description"]),
+            escape(r["description"] + source),
         )
     console.print(table)
 

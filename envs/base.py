@@ -14,6 +14,8 @@ from typing import Any, ClassVar
 import gymnasium as gym
 from gymnasium import spaces
 
+from astraflow.errors import AstraFlowError
+
 #: Generous bound on one observation or action (characters).
 MAX_TEXT = 65_536
 #: Characters the Text spaces accept: whitespace and every printable character of the Unicode Basic
@@ -28,7 +30,7 @@ _CHARSET_SET = frozenset(CHARSET)
 REPLACEMENT = "\ufffd"
 
 
-class TaskError(ValueError):
+class TaskError(AstraFlowError, ValueError):
     """A task payload that the env cannot use; names the field and what was expected."""
 
 
@@ -61,6 +63,56 @@ def fit_text(text: str, max_length: int = MAX_TEXT) -> str:
     if all(c in _CHARSET_SET for c in text):
         return text
     return "".join(c if c in _CHARSET_SET else REPLACEMENT for c in text)
+
+
+class StateMixin:
+    """The optional part of the env contract that lets an episode outlive its node:
+    ``state_dict()`` returns the env's state between turns as plain JSON (dicts, lists, strings,
+    numbers), ``load_state_dict(state)`` puts a freshly made env (same id, same kwargs, no
+    ``reset``) back into it, so the next ``step`` answers as the original env would have.
+
+    For a :class:`TextEnv` whose whole episode state is its task payload, its turn count and
+    what :meth:`_reset_task` derives from the payload (the math and code envs: grading data, a
+    test plan). Such an env re-derives that data by running ``_reset_task`` on the saved payload,
+    so a subclass with more state must extend :meth:`state_dict` and :meth:`load_state_dict`,
+    and one whose ``_reset_task`` acts on the world (starts a container, opens a session) must not
+    use this mixin: an env without the two methods is replayed from the start when its node dies
+    (docs/elastic.md).
+    """
+
+    #: bumped when the saved state's shape changes; a state of another version is refused
+    STATE_VERSION: ClassVar[int] = 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.STATE_VERSION,
+            "env": type(self).__name__,
+            "task": copy.deepcopy(self.task),
+            "turn": int(self.turn),
+            "last_obs": self._last_obs,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict):
+            raise TypeError(f"{type(self).__name__}: state must be a dict, got {type(state)}")
+        if state.get("version") != self.STATE_VERSION or state.get("env") != type(self).__name__:
+            raise ValueError(
+                f"{type(self).__name__}: cannot load a state of {state.get('env')!r} "
+                f"version {state.get('version')!r} (this env saves version {self.STATE_VERSION})"
+            )
+        task = state.get("task")
+        if not isinstance(task, dict):
+            raise TaskError(f"{type(self).__name__}: saved state has no task payload")
+        turn = state.get("turn")
+        if isinstance(turn, bool) or not isinstance(turn, int) or not 0 <= turn <= self.max_turns:
+            raise ValueError(
+                f"{type(self).__name__}: saved turn {turn!r} is not in [0, {self.max_turns}]"
+            )
+        self.validate_task(task)
+        self.task = task
+        self._reset_task(task)
+        self.turn = turn
+        self._last_obs = str(state.get("last_obs", ""))
 
 
 class TextEnv(gym.Env):

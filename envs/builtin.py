@@ -10,7 +10,7 @@ import importlib
 
 from envs.registry import EnvSpec
 
-FAMILIES = ("envs.math", "envs.code", "envs.search", "envs.agentbench")
+FAMILIES = ("envs.math", "envs.code", "envs.search", "envs.agentbench", "envs.tools")
 
 
 def register() -> list[EnvSpec]:

@@ -53,7 +53,13 @@ class UnknownEnvError(UnknownNameError):
 
 
 class EnvRegistry(Registry[EnvSpec]):
-    """Specs by id, discovered from entry points on first use, each registered with Gymnasium."""
+    """Specs by id, discovered from entry points on first use, each registered with Gymnasium.
+
+    An id ``PREFIX:NAME`` whose prefix is an :data:`envs.ecosystems.FAMILIES` family
+    (``skyrl:gsm8k``, ``textarena:GuessTheNumber-v0``, ``gym:ID``) resolves to that
+    family's adapter spec on first lookup: the outside package's env is loaded by its own name,
+    and the package itself is imported only when the env is built.
+    """
 
     def __init__(self, group: str = ENV_GROUP):
         super().__init__(
@@ -79,6 +85,18 @@ class EnvRegistry(Registry[EnvSpec]):
         return spec
 
     add = register
+
+    def get(self, name: str) -> EnvSpec:
+        """The spec of ``name``; a family id (``skyrl:gsm8k``) is resolved by its family."""
+        self.discover()
+        if name not in self._items:
+            from envs.ecosystems import family_spec
+
+            spec = family_spec(name)
+            if spec is not None:
+                # Not registered with Gymnasium: its make() reads "module:id" from such an id.
+                Registry.register(self, spec)
+        return super().get(name)
 
     def specs(self) -> list[EnvSpec]:
         return self.items()

@@ -65,6 +65,9 @@ def builtin_task_sets() -> TaskSetRegistry:
     reg.add(TaskSetInfo("arith", arith.generate, ("train", "test"),
                         "Generated integer arithmetic (levels 1-3), sized for CPU RL",
                         "astraflow/Math-v0"))  # fmt: skip
+    reg.add(TaskSetInfo("calculator", _lazy("tasks.calculator:generate"), ("train", "test"),
+                        "Generated 3-digit products, solved by calling the calculator tool",
+                        "astraflow/Tools-v0"))  # fmt: skip
     reg.add(TaskSetInfo("gsm8k", _lazy("tasks.math_sets:gsm8k"), ("train", "test"),
                         "GSM8K grade-school math (local file, or source='hub')",
                         "astraflow/Math-v0"))  # fmt: skip
@@ -93,6 +96,18 @@ def builtin_task_sets() -> TaskSetRegistry:
                         ("train", "dev", "standard"),
                         "AgentBench ALFWorld games (train: 300, dev: 20); data_dir= an AgentBench data/",
                         "astraflow/AgentBench-ALFWorld-v0"))  # fmt: skip
+    reg.add(TaskSetInfo("skyrl_parquet", _lazy("tasks.ecosystems:skyrl_parquet"),
+                        ("train", "test", "validation"),
+                        "A SkyRL dataset file as is (prompt, env_class, reward_spec, extra_info); path=",
+                        ""))  # fmt: skip
+    reg.add(TaskSetInfo("textarena", _lazy("tasks.ecosystems:seeded"), ("train", "test"),
+                        "Seeded TextArena game instances for textarena:ID envs (env=ID, n=)",
+                        ""))  # fmt: skip
+    reg.add(TaskSetInfo("verifiers", _lazy("tasks.ecosystems:verifiers_rows"), ("train", "test"),
+                        "A verifiers environment's own dataset (env=NAME, env_args=, n=)",
+                        ""))  # fmt: skip
+    reg.add(TaskSetInfo("gym_seeds", _lazy("tasks.ecosystems:seeded"), ("train", "test"),
+                        "Seeded resets of a gym:ID env (env=ID, n=)", ""))  # fmt: skip
     code = _code_sets()
     if code is not None:
         reg.add(

@@ -91,6 +91,7 @@ def check_sets(
         wanted.append(("evaluation", name, ev.split, kwargs))
 
     out: list[SetCheck] = []
+    training_rows: dict[str, list[Payload]] = {}
     for where, name, split, kwargs in wanted:
         label = f"{where} {name!r} (split {split!r})"
         try:
@@ -104,7 +105,17 @@ def check_sets(
             out.append(SetCheck(where, name, split, 0, f"{label}: has no tasks"))
             continue
         error = None
+        if where == "evaluation" and items == training_rows.get(name):
+            error = (
+                f"{label}: is the training data (the same rows as the training set {name!r}); "
+                "the evaluation would measure memorisation. Point evaluation.task_set or "
+                "evaluation.split at held-out rows, or set evaluation.every_steps = 0"
+            )
+        elif where != "evaluation":
+            training_rows.setdefault(name, items)
         for i, payload in enumerate(items):
+            if error:
+                break
             why = row_error(env_cls, env_id, payload)
             if why is not None:
                 pid = payload.get("id") if isinstance(payload, dict) else None

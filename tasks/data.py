@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from astraflow.errors import AstraFlowError
+
 DATA_DIR_ENV = "ASTRAFLOW_DATA_DIR"
 
 
-class DataFileMissing(FileNotFoundError):
+class DataFileMissing(AstraFlowError, FileNotFoundError):
     """A task set's file is absent; the message says where it was looked for and how to fix it."""
 
 

@@ -32,6 +32,15 @@ def load_jsonl(
             "task set 'jsonl' needs kwargs.path: a JSON-lines file of task payloads, "
             "e.g. kwargs = { path = 'tasks.jsonl' } (may contain {split})"
         )
+    if "{split}" not in str(path) and split != "train":
+        # One file is one split: serving it as 'test' too would evaluate on the training data
+        # (the default evaluation asks for split 'test' of the first training set).
+        raise ValueError(
+            f"task set 'jsonl' has one file ({path}) and no '{{split}}' in kwargs.path, so split "
+            f"{split!r} would be the training data; put {{split}} in the path "
+            "(e.g. data/{split}.jsonl), point evaluation.task_set at a held-out set, or set "
+            "evaluation.every_steps = 0"
+        )
     target = Path(str(path).replace("{split}", split)).expanduser()
     if not target.is_file():
         raise FileNotFoundError(f"task set 'jsonl' (split {split!r}): file not found: {target}")

@@ -12,17 +12,16 @@ import os
 from pathlib import Path
 from typing import Any
 
+from astraflow.errors import AstraFlowError
 from tasks.data import data_file
 from tasks.hub import load_hub_rows
 
-GSM8K_SPLITS = ("train", "test")
-MATH500_SPLITS = ("test",)
 #: A prompt suffix that works for instruction-tuned models on these sets (recipes pass it as the
 #: math env's ``instruction`` kwarg).
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
-class TaskFormatError(ValueError):
+class TaskFormatError(AstraFlowError, ValueError):
     """A record of a task file without the fields its format requires."""
 
 

@@ -1,13 +1,14 @@
 """The dataflow process (``astraflow serve dataflow``): the run's one dataflow service over HTTP(S).
 
-The process is the service's HTTP API (:func:`astraflow.dataflow.app.create_app`, which opens the
-SQLite store) served by uvicorn (:mod:`astraflow.protocol.http_server`) until SIGINT/SIGTERM. The
-service's background work (lease expiry, task feeding) starts with the server and stops with it.
+The process is the service's HTTP API (:func:`astraflow.dataflow.http.app.create_app`, which opens
+the SQLite store) served by uvicorn (:mod:`astraflow.protocol.http_server`) until SIGINT/SIGTERM.
+The service's background work (lease expiry, task feeding) starts with the server and stops with it.
 The launcher starts it with ``port = 0`` and a port file, and reads the URL from there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,12 +19,16 @@ from astraflow.recipe import Recipe
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from astraflow.dataflow.ops.task_feeder import TaskSource
+
 
 @dataclass
 class DataflowOptions:
     recipe: Recipe
     #: the run secret (clients present it or a role token derived from it)
     token: str
+    #: loads the recipe's task sets (the CLI passes ``tasks.catalog.load_task_set``)
+    task_source: TaskSource
     host: str = "127.0.0.1"
     #: 0 picks a free port (written to ``port_file`` once listening)
     port: int = 0
@@ -39,19 +44,29 @@ class DataflowOptions:
 def build_app(opts: DataflowOptions) -> FastAPI:
     """The service as an ASGI app; its store opens now. A recipe the service cannot run raises
     here (``PolicyConfigError``, ``ValueError``, ``KeyError``), before any socket is bound."""
-    from astraflow.dataflow.app import create_app
+    from astraflow.dataflow.http.app import create_app
 
-    return create_app(opts.recipe, opts.store, opts.token, synchronous=opts.synchronous)
+    return create_app(
+        opts.recipe,
+        opts.store,
+        opts.token,
+        task_source=opts.task_source,
+        synchronous=opts.synchronous,
+    )
 
 
-def run_dataflow(opts: DataflowOptions, app: FastAPI | None = None) -> None:
+def run_dataflow(
+    opts: DataflowOptions,
+    app: FastAPI | None = None,
+    on_listening: Callable[[str], None] | None = None,
+) -> None:
     """Serve the dataflow service until the process is stopped. ``app`` is one :func:`build_app`
     already made (the CLI builds it first to report recipe errors and the store path)."""
     from astraflow.protocol.http_server import run
 
     app = app if app is not None else build_app(opts)
     quiet_garbage_collector()
-    run(app, opts.host, opts.port, opts.port_file, opts.log_level, opts.tls)
+    run(app, opts.host, opts.port, opts.port_file, opts.log_level, opts.tls, on_listening)
 
 
 def quiet_garbage_collector() -> None:

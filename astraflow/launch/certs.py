@@ -112,7 +112,7 @@ def create_ca(name: str = "AstraFlow run CA", days: int = 3650):
 
     key = _key()
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = _dt.datetime.now(_dt.timezone.utc)
+    now = _dt.datetime.now(_dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(subject)
@@ -153,7 +153,7 @@ def issue_server_cert(ca_key, ca_cert, hosts: Iterable[str], days: int = 825):
     if not hosts:
         raise ValueError("a server certificate needs at least one host name or IP address")
     key = _key()
-    now = _dt.datetime.now(_dt.timezone.utc)
+    now = _dt.datetime.now(_dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))

@@ -80,6 +80,57 @@ def _age(seconds: float) -> str:
     return f"{seconds:.1f}s" if seconds < 60 else f"{seconds / 60:.1f}m"
 
 
+def drop_text(st: DataflowStatus) -> str:
+    """Samples dropped, by policy and reason, in full (no column to truncate them)."""
+    parts = []
+    for name, p in sorted(st.policies.items()):
+        if p.dropped:
+            counts = ", ".join(f"{k} {v:,}" for k, v in sorted(p.dropped.items()))
+            parts.append(f"{name}: {counts}")
+    return "; ".join(parts)
+
+
+def error_texts(st: DataflowStatus, width: int = 160) -> list[str]:
+    """Failed episodes by reason with the first message of each:
+    ``episode_error: 849 — BadRequest: prompt has 443 tokens; the model's context is 256``."""
+    out = []
+    for reason, e in sorted(st.errors.items()):
+        first = " ".join(e.first.split())
+        if len(first) > width:
+            first = first[: width - 1] + "…"
+        out.append(f"{reason}: {e.count:,}" + (f" — {first}" if first else ""))
+    return out
+
+
+def problem_lines(st: DataflowStatus) -> list[str]:
+    """What the views show under the policy table: drops in full, then errors."""
+    lines = []
+    drops = drop_text(st)
+    if drops:
+        lines.append(f"dropped samples: {drops}")
+    lines += [f"failed episodes: {e}" for e in error_texts(st)]
+    return lines
+
+
+def nodes_not_listed(st: DataflowStatus) -> str | None:
+    """A line for the registered nodes the status document does not list (a large pool: it
+    lists a bounded number of them and counts all in ``node_summary``), or None."""
+    s = st.node_summary
+    shown = sum(1 for n in st.nodes if n.state != "left")
+    registered = s.active + s.silent
+    if registered <= shown:
+        return None
+    regions = ", ".join(
+        f"{name or '-'} {r.active}" + (f" (+{r.silent} silent)" if r.silent else "")
+        for name, r in s.regions.items()
+    )
+    return (
+        f"{shown} of {registered} registered nodes shown: {s.active} active, {s.silent} silent, "
+        f"{s.left} left, {s.active_leases} leases, {s.episodes_per_s:.2f} episodes/s; "
+        f"active by region: {regions}"
+    )
+
+
 def render(st: DataflowStatus, tail: MetricsTail | None = None) -> Group:
     """The tables of one status document: the one renderer behind ``astraflow status`` and the
     launcher's live view. With the run's metrics (the launcher has the run directory), the policy
@@ -102,9 +153,9 @@ def render(st: DataflowStatus, tail: MetricsTail | None = None) -> Group:
     cols = ["policy", "step", "version", "eval acc"]
     if tail:
         cols += ["reward", "samples/s", "staleness (mean)"]
-    cols += ["buffer groups", "buffer samples", "unacked", "staleness (acked)", "dropped"]
+    cols += ["buffer groups", "buffer samples", "unacked", "trainer idle", "staleness (acked)"]
     for col in cols:
-        pol.add_column(col, justify="left" if col == "policy" else "right")
+        pol.add_column(col, justify="left" if col == "policy" else "right", overflow="fold")
     for name, p in sorted(st.policies.items()):
         ev = evals.get(name)
         row = [
@@ -124,8 +175,8 @@ def render(st: DataflowStatus, tail: MetricsTail | None = None) -> Group:
             str(p.buffer_groups),
             str(p.buffer_samples),
             str(p.unacked_batches),
+            _fmt(p.trainer_idle, 2),
             _counts(p.staleness),
-            _counts(p.dropped),
         ]
         pol.add_row(*row)
 
@@ -142,7 +193,7 @@ def render(st: DataflowStatus, tail: MetricsTail | None = None) -> Group:
         "episodes/s",
         "tokens/s",
     ):
-        nodes.add_column(col)
+        nodes.add_column(col, overflow="fold")
     for n in st.nodes:
         color = {"active": "green", "silent": "red", "left": "dim"}.get(n.state, "white")
         nodes.add_row(
@@ -158,11 +209,18 @@ def render(st: DataflowStatus, tail: MetricsTail | None = None) -> Group:
             _fmt(n.metrics.get("tokens_per_s"), 0),
         )
 
-    parts: list[RenderableType] = [header, pol, nodes]
+    parts: list[RenderableType] = [header, pol]
+    problems = problem_lines(st)
+    if problems:
+        parts.append(Text("\n".join(problems), style="yellow", overflow="fold"))
+    parts.append(nodes)
+    unlisted = nodes_not_listed(st)
+    if unlisted:
+        parts.append(Text(unlisted, style="dim", overflow="fold"))
     if st.evaluations:
         table = Table(title="evaluations", expand=True)
         for col in ("policy", "version", "step", "task set", "progress", "accuracy", "errors"):
-            table.add_column(col)
+            table.add_column(col, overflow="fold")
         for e in st.evaluations:
             table.add_row(
                 e.policy,
@@ -183,20 +241,30 @@ def render_status(
     run_dir: str,
     started: float,
     tail: MetricsTail | None = None,
+    autoscale: str | None = None,
 ) -> Panel:
     """The launcher's live view: :func:`render` under a line with the elapsed time and the state
-    of each process the launcher started."""
+    of each process the launcher started, and the autoscaler's line (pool, figures, decisions)
+    when it runs."""
     if st is None:
         return Panel("waiting for the dataflow service…", title=f"astraflow · {run_dir}")
     procs = "  ".join(
         f"{s.name}:{'up' if s.alive() else f'exit {s.returncode()}'}" for s in services
     )
-    head = f"elapsed {time.time() - started:5.0f}s · {procs}"
-    return Panel(Group(head, render(st, tail)), title=f"astraflow · {run_dir}")
+    head: list[RenderableType] = [f"elapsed {time.time() - started:5.0f}s · {procs}"]
+    if autoscale:
+        head.append(Text(autoscale, style="cyan", overflow="fold"))
+    return Panel(Group(*head, render(st, tail)), title=f"astraflow · {run_dir}")
 
 
-def status_line(st: DataflowStatus | None, elapsed: float, tail: MetricsTail | None = None) -> str:
-    """One plain line per update, for logs and non-terminal output."""
+def status_line(
+    st: DataflowStatus | None,
+    elapsed: float,
+    tail: MetricsTail | None = None,
+    autoscale: str | None = None,
+) -> str:
+    """One plain line per update, for logs and non-terminal output (with the autoscaler's line
+    when it runs)."""
     if st is None:
         return f"[{elapsed:6.0f}s] waiting for the dataflow service"
     last = tail.poll() if tail else {}
@@ -210,4 +278,13 @@ def status_line(st: DataflowStatus | None, elapsed: float, tail: MetricsTail | N
             + (f" reward {reward:.3f}" if isinstance(reward, (int, float)) else "")
             + (f" eval {ev.accuracy:.3f}@v{ev.version}" if ev else "")
         )
-    return f"[{elapsed:6.0f}s] " + " | ".join(parts)
+    line = f"[{elapsed:6.0f}s] " + " | ".join(parts)
+    drops = drop_text(st)
+    if drops:
+        line += f" | dropped {drops}"
+    errors = error_texts(st, width=120)
+    if errors:
+        line += " | failed " + "; ".join(errors)
+    if autoscale:
+        line += " | " + autoscale
+    return line

@@ -15,17 +15,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from astraflow.errors import AstraFlowError
 from astraflow.launch.processes import Service, astraflow_argv, service_env
+from astraflow.launch.scaling import AutoscaleLog, PoolScaler
 from astraflow.launch.security import RunSecurity
+from astraflow.launch.stall import Stall, StallWatch
 from astraflow.launch.supervision import RestartBudget, RestartLog
 from astraflow.launch.tracking import Tracker, TrackerUnavailable, open_tracker
-from astraflow.launch.trainer_command import check_trainer_launch, trainer_argv
+from astraflow.launch.trainer_command import (
+    check_trainer_launch,
+    trainer_argv,
+    trainer_service_name,
+    trainer_service_policy,
+)
 from astraflow.protocol.client import DataflowClientError, SyncDataflowClient
 from astraflow.protocol.status import DataflowStatus
 from astraflow.recipe import Recipe, load_recipe, recipe_to_toml
 
 
-class LaunchError(RuntimeError):
+class LaunchError(AstraFlowError, RuntimeError):
     pass
 
 
@@ -73,6 +81,14 @@ class LocalLauncher:
         #: forwards metrics.jsonl to the recipe's [logging] backends (None: no backends)
         self.tracker: Tracker | None = None
         self._client: SyncDataflowClient | None = None
+        #: why :meth:`wait` returned "stalled"
+        self.stall: Stall | None = None
+        #: the autoscaler's control loop (``[autoscale] enabled``), else None
+        self.scaler: PoolScaler | None = None
+        if recipe.autoscale.enabled:
+            self.scaler = PoolScaler(
+                recipe, AutoscaleLog(run_dir / "autoscale.jsonl"), self._grow_node
+            )
 
     # ------------------------------------------------------------------ start
     def start(self) -> RunHandle:
@@ -107,8 +123,8 @@ class LocalLauncher:
         self.handle = handle
         handle.url = self._wait_for_url(url_file, dataflow)
         self._wait_healthy(handle.url, dataflow)
-        for policy in self.recipe.trainable_policies():
-            handle.services.append(self._start(self._trainer(policy, self.resume)))
+        for group in self.recipe.trainer_processes():
+            handle.services.append(self._start(self._trainer(group[0], self.resume)))
         for i in range(self.recipe.rollout.nodes):
             handle.services.append(self._start(self._node(i)))
         self._write_pids()
@@ -147,7 +163,8 @@ class LocalLauncher:
                                 resume=resume)  # fmt: skip
         except ValueError as exc:
             raise LaunchError(str(exc)) from exc
-        return Service(f"trainer-{policy}", argv, rd / "logs" / f"trainer-{policy}.log")
+        name = trainer_service_name(self.recipe, policy)
+        return Service(name, argv, rd / "logs" / f"{name}.log")
 
     def _node(self, i: int, replace: bool = False) -> Service:
         assert self.handle
@@ -168,6 +185,14 @@ class LocalLauncher:
             argv.append("--replace")
         return Service(f"node-{i}", argv, rd / "logs" / f"node-{i}.log")
 
+    def _grow_node(self, i: int) -> Service:
+        """Start node ``i`` for the autoscaler, as the launcher starts its own."""
+        assert self.handle
+        svc = self._start(self._node(i))
+        self.handle.services.append(svc)
+        self._write_pids()
+        return svc
+
     def _restart(self, name: str) -> None:
         """Start ``name`` again: the dataflow on the same address (the others keep its URL and
         retry), a trainer from its newest checkpoint, a node fresh."""
@@ -176,7 +201,7 @@ class LocalLauncher:
             port = int(self.handle.url.rsplit(":", 1)[1].split("/")[0])
             svc = self._dataflow(port)
         elif name.startswith("trainer-"):
-            svc = self._trainer(name.removeprefix("trainer-"), resume=True)
+            svc = self._trainer(trainer_service_policy(name), resume=True)
         else:
             svc = self._node(int(name.removeprefix("node-")), replace=True)
         started = self._start(svc)  # (the Ray launcher's is another object than svc)
@@ -247,22 +272,30 @@ class LocalLauncher:
         poll_s: float = 1.0,
         timeout_s: float | None = None,
     ) -> str:
-        """Block until the run is done. Returns 'done', 'failed:<service>' or 'timeout'.
+        """Block until the run is done. Returns 'done', 'failed:<service>', 'timeout' or
+        'stalled' (no training progress while every episode fails or every group is dropped;
+        :attr:`stall` says why, see :mod:`astraflow.launch.stall`).
 
         A service that crashes is restarted (see :mod:`astraflow.launch.supervision`); the run
         fails only when one crashes more often than ``run.max_restarts``."""
         assert self.handle
         start = time.time()
         trained_at: float | None = None
+        watch = StallWatch(self.recipe.run.stall_s, first_transcript=self.first_transcript)
         while True:
             st = self.status()
             if self.tracker is not None:
                 self.tracker.poll()
             if on_status:
                 on_status(st, self.handle.services)
+            self.stall = watch.check(st, time.time())
+            if self.stall is not None:
+                return "stalled"
             failed = self._supervise(trained_at is not None)
             if failed:
                 return f"failed:{failed}"
+            if self.scaler is not None and trained_at is None:
+                self.scaler.step(st, self.handle.by_prefix("node-"), set(self.restarts.due))
             trainers = self.handle.by_prefix("trainer-")
             trained = all(t.returncode() == 0 for t in trainers)
             if trained and trained_at is None:
@@ -277,9 +310,25 @@ class LocalLauncher:
             if timeout_s is not None and time.time() - start > timeout_s:
                 return "timeout"
             due = self.restarts.next_due()
+            pause = poll_s
             if due is not None:
-                poll_s = max(0.05, min(poll_s, due - time.monotonic()))
-            self._pause(st, trainers, poll_s)
+                pause = max(0.05, min(pause, due - time.monotonic()))
+            if self.scaler is not None:
+                pause = max(0.05, min(pause, self.scaler.next_at - time.monotonic()))
+            self._pause(st, trainers, pause)
+
+    def first_transcript(self) -> str | None:
+        """One kept episode as a line (``'prompt' -> 'answer'``), for the stall message."""
+        from astraflow.launch.transcripts import Decoders
+        from astraflow.protocol.transcripts import short
+
+        try:
+            records = self.dataflow().transcripts(failed=False, limit=1).transcripts
+        except DataflowClientError:
+            return None
+        if not records:
+            return None
+        return short(Decoders(self.recipe).decode(records[0]).turns)
 
     def _supervise(self, trained: bool) -> str | None:
         """Schedule restarts of crashed services and start those due; the name of a service
@@ -293,6 +342,8 @@ class LocalLauncher:
                 continue
             if rc == 0 and svc.name != "dataflow":
                 continue
+            if self.scaler is not None and svc.name in self.scaler.retired:
+                continue  # asked to leave by the autoscaler: never restarted
             if trained and svc.name.startswith("node-"):
                 continue
             self.restart_log.write("crash", svc.name, returncode=rc, pid=svc.pid)
@@ -321,18 +372,24 @@ class LocalLauncher:
             time.sleep(poll_s)  # done, trainers gone: waiting on the grace period or the nodes
 
     # ------------------------------------------------------------------ stop
-    def stop(self) -> dict[str, int | None]:
-        """Stop in dependency order: nodes, trainers, then the dataflow service; then forward
-        the last metrics records to the trackers and close them."""
+    def stop(self, interrupted: bool = False) -> dict[str, int | None]:
+        """Stop in dependency order: nodes, trainers, then the dataflow service (each with
+        SIGTERM, all of one kind at once, SIGKILL only past a timeout); then forward the last
+        metrics records to the trackers and close them. ``interrupted`` (Ctrl-C): nodes release
+        their in-flight leases at once instead of finishing them (a second SIGTERM), so the run
+        stops in seconds; acknowledged work is durable either way."""
         codes: dict[str, int | None] = {}
         if self.handle:
-            order = (
-                self.handle.by_prefix("node-")
-                + self.handle.by_prefix("trainer-")
-                + self.handle.by_prefix("dataflow")
-            )
-            for svc in order:
-                codes[svc.name] = svc.stop(timeout=30.0 if svc.name.startswith("node-") else 20.0)
+            for prefix, timeout in (("node-", 30.0), ("trainer-", 20.0), ("dataflow", 20.0)):
+                phase = self.handle.by_prefix(prefix)
+                for svc in phase:
+                    svc.terminate()
+                if interrupted and prefix == "node-":
+                    time.sleep(0.2)  # let each node install its drain before the second signal
+                    for svc in phase:
+                        svc.terminate()
+                for svc in phase:
+                    codes[svc.name] = svc.wait_stopped(timeout)
         if self.tracker is not None:
             self.tracker.close()
             self.tracker = None

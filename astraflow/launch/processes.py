@@ -52,6 +52,8 @@ class Service:
     log_path: Path
     proc: subprocess.Popen | None = None
     started_at: float = field(default_factory=time.time)
+    #: the launcher had to SIGKILL it (it did not stop within its timeout after SIGTERM)
+    killed: bool = False
 
     @property
     def pid(self) -> int | None:
@@ -82,15 +84,31 @@ class Service:
 
     def stop(self, timeout: float = 20.0) -> int | None:
         """SIGTERM, wait, then SIGKILL the process group."""
+        self.terminate()
+        return self.wait_stopped(timeout)
+
+    def terminate(self) -> None:
+        """Ask the service to stop (SIGTERM to its group); :meth:`wait_stopped` waits for it, so
+        a launcher can ask several services at once and wait for them together."""
+        if self.proc is not None and self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+
+    def drain(self) -> None:
+        """Ask a rollout node to leave cleanly (one SIGTERM: it finishes or hands back its
+        groups); the caller polls :meth:`returncode` for the exit."""
+        self.terminate()
+
+    def wait_stopped(self, timeout: float = 20.0) -> int | None:
+        """Wait for the exit asked by :meth:`terminate`; SIGKILL only past ``timeout``."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            _signal_group(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 _signal_group(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+                self.killed = True
         # anything the service itself left in its group
         _signal_group(self.proc.pid, signal.SIGKILL)
         return self.proc.returncode

@@ -76,6 +76,10 @@ class ServiceProcess:
     def stop(self, timeout: float) -> int | None:
         return self.service.stop(timeout)
 
+    def drain(self) -> None:
+        """One SIGTERM, no wait (a rollout node drains; the launcher polls for the exit)."""
+        self.service.drain()
+
 
 def ray_service_actor():
     """``ServiceProcess`` as a Ray actor class (Ray imported here, on demand)."""

@@ -28,6 +28,7 @@ from typing import Any
 from astraflow.launch.local import LaunchError, LocalLauncher, RunHandle
 from astraflow.launch.processes import Service
 from astraflow.launch.ray_actor import NODE_IP, PYTHON, ray_service_actor
+from astraflow.launch.trainer_command import trainer_service_policy
 from astraflow.recipe import Recipe
 from astraflow.recipe.schema import RayPlacement
 
@@ -153,6 +154,22 @@ class RayService:
         self.release()
         return code
 
+    def terminate(self) -> None:
+        """(The actor's stop both signals and waits: :meth:`wait_stopped` does it all.)"""
+
+    def wait_stopped(self, timeout: float = 20.0) -> int | None:
+        return self.stop(timeout)
+
+    def drain(self) -> None:
+        """A rollout node asked to leave by the autoscaler: one SIGTERM to its process on its
+        host, not awaited (the actor stays free to answer :meth:`returncode`)."""
+        import ray
+
+        try:
+            self.actor.drain.remote()
+        except ray.exceptions.RayActorError:
+            pass
+
     def release(self) -> None:
         """Kill the actor (and with it anything its process left)."""
         import ray
@@ -224,7 +241,7 @@ class RayLauncher(LocalLauncher):
         if name == "dataflow":
             return ray_cfg.dataflow
         if name.startswith("trainer-"):
-            return ray_cfg.trainer_for(name.removeprefix("trainer-"))
+            return ray_cfg.trainer_for(trainer_service_policy(name))
         return ray_cfg.node_for(int(name.removeprefix("node-")))
 
     def _start(self, svc: Service) -> RayService:  # type: ignore[override]
@@ -272,7 +289,7 @@ class RayLauncher(LocalLauncher):
         Why a group rather than a bigger actor: the reservation outlives the actor, so when the
         trainer dies and is restarted (from its checkpoint) no other work can take its devices
         meanwhile, and it comes back on the same host."""
-        policy = name.removeprefix("trainer-")
+        policy = trainer_service_policy(name)
         processes = self.recipe.policies[policy].trainer.processes
         if processes <= 1:
             return opts
@@ -349,9 +366,9 @@ class RayLauncher(LocalLauncher):
         (self.run_dir / "actors.json").write_text(json.dumps(actors))
 
     # ------------------------------------------------------------------ stop
-    def stop(self) -> dict[str, int | None]:
+    def stop(self, interrupted: bool = False) -> dict[str, int | None]:
         try:
-            return super().stop()
+            return super().stop(interrupted)
         finally:
             for name, group in list(self._groups.items()):
                 self._remove_group(name, group)

@@ -6,6 +6,9 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+#: steps in the samples/s panel's sliding window (a shorter run leaves that panel blank)
+THROUGHPUT_WINDOW = 10
+
 
 def read_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
@@ -22,7 +25,9 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return records
 
 
-def _throughput(records: list[dict], window: int = 10) -> dict[str, tuple[list, list]]:
+def _throughput(
+    records: list[dict], window: int = THROUGHPUT_WINDOW
+) -> dict[str, tuple[list, list]]:
     """Trained samples per second over a sliding window of steps, from the step records' times."""
     out: dict[str, tuple[list, list]] = defaultdict(lambda: ([], []))
     by_policy: dict[str, list[dict]] = defaultdict(list)
@@ -39,7 +44,7 @@ def _throughput(records: list[dict], window: int = 10) -> dict[str, tuple[list, 
     return dict(out)
 
 
-def _series(records: list[dict], kind: str, key: str) -> dict[str, tuple[list, list]]:
+def metric_series(records: list[dict], kind: str, key: str) -> dict[str, tuple[list, list]]:
     if key == "samples_per_s":
         return _throughput(records)
     out: dict[str, tuple[list, list]] = defaultdict(lambda: ([], []))
@@ -53,6 +58,29 @@ def _series(records: list[dict], kind: str, key: str) -> dict[str, tuple[list, l
         xs.append(r.get("step", len(xs)))
         ys.append(val)
     return dict(out)
+
+
+def _blank(records: list[dict]) -> set[str]:
+    """Panels with nothing to plot."""
+    out = set()
+    for name, kind, key in (("reward", "step", "reward_mean"), ("eval_accuracy", "eval", "accuracy"),
+                            ("throughput", "step", "samples_per_s"),
+                            ("staleness", "step", "staleness_mean")):  # fmt: skip
+        if not any(xs for xs, _ in metric_series(records, kind, key).values()):
+            out.add(name)
+    return out
+
+
+def empty_panel_notes(records: list[dict]) -> dict[str, str]:
+    """Why each panel may be blank, in the words the report prints on it."""
+    steps = sum(1 for r in records if r.get("type") == "step")
+    return {
+        "reward": "no training steps recorded yet",
+        "eval_accuracy": "no evaluation ran (evaluation.every_steps = 0, or none finished yet)",
+        "throughput": f"samples/s is a sliding window of {THROUGHPUT_WINDOW} steps: it needs more "
+        f"than {THROUGHPUT_WINDOW} steps; this run has {steps}",
+        "staleness": "no acknowledged batch reported staleness",
+    }
 
 
 def write_report(run_dir: Path) -> Path:
@@ -71,10 +99,15 @@ def write_report(run_dir: Path) -> Path:
         ("throughput", "step", "samples_per_s", "trained samples / s"),
         ("staleness", "step", "staleness_mean", "mean staleness (versions)"),
     ]
+    notes = empty_panel_notes(records)
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for ax, (_, kind, key, title) in zip(axes.flat, panels, strict=True):
-        for policy, (xs, ys) in _series(records, kind, key).items():
+    for ax, (name, kind, key, title) in zip(axes.flat, panels, strict=True):
+        series = metric_series(records, kind, key)
+        for policy, (xs, ys) in series.items():
             ax.plot(xs, ys, marker="o" if kind == "eval" else None, label=policy)
+        if not any(xs for xs, _ in series.values()):  # say why the panel is blank
+            ax.text(0.5, 0.5, notes.get(name, "no data in metrics.jsonl"), ha="center",
+                    va="center", wrap=True, transform=ax.transAxes, color="0.4")  # fmt: skip
         ax.set_title(title)
         ax.set_xlabel("trainer step")
         ax.grid(alpha=0.3)
@@ -85,8 +118,8 @@ def write_report(run_dir: Path) -> Path:
     plt.close(fig)
 
     lines = [f"# Run report: {run_dir.name}", ""]
-    evals = _series(records, "eval", "accuracy")
-    rewards = _series(records, "step", "reward_mean")
+    evals = metric_series(records, "eval", "accuracy")
+    rewards = metric_series(records, "step", "reward_mean")
     lines += [
         "| policy | steps | first reward | last reward | first eval | last eval |",
         "|---|---|---|---|---|---|",
@@ -99,6 +132,9 @@ def write_report(run_dir: Path) -> Path:
             f"| {policy} | {rx[-1] if rx else 0} | {f(ry[0] if ry else None)} | {f(ry[-1] if ry else None)}"
             f" | {f(ey[0] if ey else None)} | {f(ey[-1] if ey else None)} |"
         )
+    blank = [f"- {name}: {note}" for name, note in notes.items() if name in _blank(records)]
+    if blank:
+        lines += ["", "Empty panels:", *blank]
     lines += ["", "![overview](overview.png)", ""]
     (out / "summary.md").write_text("\n".join(lines))
     return out

@@ -1,11 +1,11 @@
 """When the launcher restarts a crashed service, and when it gives up.
 
 Every service can come back on its own terms: the dataflow service reopens its store (acknowledged
-work is durable), a trainer resumes from its newest checkpoint (the dataflow replays the steps
-after it, see :mod:`astraflow.dataflow.timeline`), a rollout node starts fresh (its leases expire
-and their tasks are leased again). So a crash costs a restart, not the run, as long as crashes do
-not repeat: each service has a budget of restarts, spaced by a backoff that doubles, so a service
-that cannot start (a bad recipe, a full disk) fails the run in seconds instead of looping.
+work is durable), a trainer resumes from its newest checkpoint (the dataflow replays the steps after
+it, see :mod:`astraflow.dataflow.ops.timeline`), a rollout node starts fresh (its leases expire and
+their tasks are leased again). So a crash costs a restart, not the run, as long as crashes do not
+repeat: each service has a budget of restarts, spaced by a backoff that doubles, so a service that
+cannot start (a bad recipe, a full disk) fails the run in seconds instead of looping.
 """
 
 from __future__ import annotations

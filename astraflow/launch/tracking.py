@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from astraflow.errors import AstraFlowError
+
 log = logging.getLogger("astraflow.launch.tracking")
 
 STATE_FILE = "tracking.json"
@@ -213,7 +215,7 @@ def _wandb_id(run_dir: Path) -> str:
     return run_id
 
 
-class TrackerUnavailable(RuntimeError):
+class TrackerUnavailable(AstraFlowError, RuntimeError):
     """A backend the recipe asks for cannot start (its extra is not installed)."""
 
 

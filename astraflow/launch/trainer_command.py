@@ -35,15 +35,20 @@ def trainer_argv(
     python: str = sys.executable,
 ) -> list[str]:
     """The argv that trains ``policy`` of ``recipe`` (saved at ``recipe_path``) against the
-    dataflow service at ``dataflow_url``, writing checkpoints and weights under ``run_dir``.
+    dataflow service at ``dataflow_url``, writing checkpoints and weights under ``run_dir``; with
+    the LoRA adapter policies trained in the same process (``Recipe.trainer_process_of``).
 
     ``extra_args`` are appended to ``serve trainer`` (e.g. ``--weights-host``). Raises
     ``ValueError`` naming the key when :func:`check_trainer_launch` finds a problem.
     """
-    check_trainer_launch(recipe, policy)
+    group = recipe.trainer_process_of(policy)
+    for name in group:
+        check_trainer_launch(recipe, name)
     spec = recipe.policies[policy].trainer
-    serve = ["-m", "cli.main", "serve", "trainer", "--recipe", str(recipe_path),
-             "--policy", policy, "--join", dataflow_url, "--run-dir", str(run_dir)]  # fmt: skip
+    serve = ["-m", "cli.main", "serve", "trainer", "--recipe", str(recipe_path)]
+    for name in group:
+        serve += ["--policy", name]
+    serve += ["--join", dataflow_url, "--run-dir", str(run_dir)]
     if resume:
         serve.append("--resume")
     serve += list(extra_args)
@@ -70,8 +75,22 @@ def check_trainer_launch(recipe: Recipe, policy: str) -> None:
                 f"policies.{policy}.trainer.accelerate_config: {config} is not a file; expected "
                 "an accelerate config (e.g. written by `accelerate config`)"
             )
-    if spec.lora is not None and importlib.util.find_spec("peft") is None:
+    lora = "trainer.lora" if spec.lora is not None else None
+    if recipe.policies[policy].base is not None:
+        lora = "base"
+    if lora is not None and importlib.util.find_spec("peft") is None:
         raise ValueError(
-            f"policies.{policy}.trainer.lora needs peft, which is not installed; install the "
+            f"policies.{policy}.{lora} needs peft, which is not installed; install the "
             "extra with `pip install 'astraflow[lora]'` (or `pip install peft`)"
         )
+
+
+def trainer_service_name(recipe: Recipe, policy: str) -> str:
+    """The launcher's name for the trainer process of ``policy``: ``trainer-POLICY``, or
+    ``trainer-A+B`` for the one process of adapters A and B of a base."""
+    return "trainer-" + "+".join(recipe.trainer_process_of(policy))
+
+
+def trainer_service_policy(name: str) -> str:
+    """The first policy a trainer service trains (what :func:`trainer_argv` takes), by name."""
+    return name.removeprefix("trainer-").split("+", 1)[0]

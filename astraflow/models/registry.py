@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from astraflow.errors import AstraFlowError
+
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_ROOT = Path(__file__).resolve().parent / "builtin"
 
@@ -32,10 +34,19 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
             "level-2 arithmetic so RL starts from a weak but non-zero policy (CPU quickstart)."
         ),
     ),
+    "tiny-tools": BuiltinModel(
+        name="tiny-tools",
+        description=(
+            "The tiny Llama (512-token context) warm-started to call a `calculator` tool in the "
+            "hermes format on 3-digit products and answer with its result; about a third of "
+            "its sampled first turns are the right call, the rest answer without the tool or make "
+            "bad calls (recipes/tools_calculator.toml, docs/tools.md)."
+        ),
+    ),
 }
 
 
-class UnknownModelError(ValueError):
+class UnknownModelError(AstraFlowError, ValueError):
     """A ``builtin:`` name that is not shipped with this build."""
 
 

@@ -82,7 +82,8 @@ def encode_example(tokenizer, question: str, answer: str) -> tuple[list[int], li
     return prompt + target, [0] * len(prompt) + [1] * len(target)
 
 
-def new_model(tokenizer, seed: int):
+def new_model(tokenizer, seed: int, config: dict[str, Any] | None = None):
+    """A freshly initialised Llama of :data:`MODEL_CONFIG` (or ``config``) over ``tokenizer``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -91,7 +92,7 @@ def new_model(tokenizer, seed: int):
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **MODEL_CONFIG,
+        **(MODEL_CONFIG if config is None else config),
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
@@ -100,20 +101,27 @@ def new_model(tokenizer, seed: int):
 
 
 def _batches(tokenizer, problems: list[dict], steps: int, seed: int):
-    """Right-padded (ids, labels, attention) batches in a seeded order, ``steps`` of them."""
+    encoded = [encode_example(tokenizer, p["question"], p["answer"]) for p in problems]
+    return padded_batches(encoded, tokenizer.pad_token_id, steps, seed, BATCH_SIZE)
+
+
+def padded_batches(
+    encoded: list[tuple[list[int], list[int]]], pad_id: int, steps: int, seed: int, batch_size: int
+):
+    """Right-padded (ids, labels, attention) batches of ``(ids, loss mask)`` examples in a seeded
+    order (reshuffled each pass), ``steps`` of them."""
     import torch
 
     rng = random.Random(seed)
-    encoded = [encode_example(tokenizer, p["question"], p["answer"]) for p in problems]
     order: list[int] = []
     for _ in range(steps):
-        if len(order) < BATCH_SIZE:
+        if len(order) < batch_size:
             extra = list(range(len(encoded)))
             rng.shuffle(extra)
             order.extend(extra)
-        chosen, order = order[:BATCH_SIZE], order[BATCH_SIZE:]
+        chosen, order = order[:batch_size], order[batch_size:]
         width = max(len(encoded[i][0]) for i in chosen)
-        ids = torch.full((len(chosen), width), tokenizer.pad_token_id, dtype=torch.long)
+        ids = torch.full((len(chosen), width), pad_id, dtype=torch.long)
         labels = torch.full((len(chosen), width), -100, dtype=torch.long)
         attn = torch.zeros((len(chosen), width), dtype=torch.long)
         for row, i in enumerate(chosen):
@@ -124,6 +132,20 @@ def _batches(tokenizer, problems: list[dict], steps: int, seed: int):
                 [t if m else -100 for t, m in zip(seq, mask, strict=True)]
             )
         yield ids, labels, attn
+
+
+def train_step(model, opt, sched, ids, labels, attn) -> float:
+    """One supervised step of a built-in model's warm start (clipped at 1.0); its loss."""
+    import torch
+
+    model.train()
+    loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return float(loss.detach())
 
 
 def answers(
@@ -236,14 +258,7 @@ def _build(out_dir, seed, steps, on_step, eval_size, target_accuracy) -> BuildRe
         opt = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.01)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WARMUP_STEPS))
         for step, (ids, labels, attn) in enumerate(_batches(tokenizer, train, steps, seed), 1):
-            model.train()
-            loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            final_loss = float(loss.detach())
+            final_loss = train_step(model, opt, sched, ids, labels, attn)
             done_steps = step
             if on_step:
                 on_step(step, final_loss)
@@ -269,8 +284,15 @@ def _build(out_dir, seed, steps, on_step, eval_size, target_accuracy) -> BuildRe
     )
 
 
-def save(model, tokenizer, out_dir: str | Path) -> Path:
-    """Write the checkpoint in a layout both transformers 4.x/5.x and vLLM load."""
+def save(
+    model,
+    tokenizer,
+    out_dir: str | Path,
+    chat_template: str | None = None,
+    max_new_tokens: int = 32,
+) -> Path:
+    """Write the checkpoint in a layout both transformers 4.x/5.x and vLLM load (``chat_template``
+    defaults to the tiny policies' plain :data:`~astraflow.models.tokenizer.CHAT_TEMPLATE`)."""
     from transformers import GenerationConfig
 
     from astraflow.models.tokenizer import CHAT_TEMPLATE
@@ -281,7 +303,7 @@ def save(model, tokenizer, out_dir: str | Path) -> Path:
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        max_new_tokens=32,
+        max_new_tokens=max_new_tokens,
         do_sample=True,
         temperature=1.0,
         top_p=1.0,
@@ -302,7 +324,7 @@ def save(model, tokenizer, out_dir: str | Path) -> Path:
     extra = cfg.pop("extra_special_tokens", None)
     if isinstance(extra, list):
         cfg["additional_special_tokens"] = extra
-    cfg["chat_template"] = CHAT_TEMPLATE
+    cfg["chat_template"] = CHAT_TEMPLATE if chat_template is None else chat_template
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     (out / "chat_template.jinja").unlink(missing_ok=True)
     special = {

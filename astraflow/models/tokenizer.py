@@ -36,8 +36,40 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
 
+#: Chat template of ``builtin:tiny-tools``: :data:`CHAT_TEMPLATE` plus function calling. Tools
+#: (``apply_chat_template(..., tools=...)``, OpenAI or bare function schemas) open the conversation
+#: as one short system turn, ``tools: NAME(PARAM, ...); ...``: a character-level model with a
+#: 512-token context cannot afford whole JSON schemas. An assistant turn's ``tool_calls`` are
+#: written after its content in the hermes format
+#: (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, exactly what the model
+#: generates, so a resent turn renders to the tokens that produced it); ``content`` may be null;
+#: tool results are ``tool`` turns.
+TOOLS_CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|system|>tools: ' }}"
+    "{% for tool in tools %}"
+    "{% set fn = tool['function'] if tool['function'] is defined else tool %}"
+    "{{ fn['name'] + '(' + ((fn['parameters'] or {})['properties'] or {}) | list | join(', ') + ')' }}"
+    "{% if not loop.last %}{{ '; ' }}{% endif %}"
+    "{% endfor %}{{ '<|end|>' }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
+    "{{ raise_exception('unknown chat role: ' + message['role'] + "
+    "' (expected system, user, assistant or tool)') }}"
+    "{% endif %}"
+    "{{ '<|' + message['role'] + '|>' + (message['content'] or '') }}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "{% set fn = call['function'] if call['function'] is defined else call %}"
+    "{{ '<tool_call>{\"name\": ' + fn['name'] | tojson + ', \"arguments\": ' }}"
+    "{{ fn['arguments'] if fn['arguments'] is string else fn['arguments'] | tojson }}"
+    "{{ '}</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|end|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
 
-def build_tokenizer():
+
+def build_tokenizer(chat_template: str = CHAT_TEMPLATE, model_max_length: int = 256):
     """A fresh :class:`PreTrainedTokenizerFast` over :data:`ALPHABET` with byte fallback."""
     from tokenizers import AddedToken, Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
@@ -55,8 +87,8 @@ def build_tokenizer():
         bos_token=BOS,
         eos_token=END,
         additional_special_tokens=list(ROLE_TOKENS.values()),
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=256,
+        chat_template=chat_template,
+        model_max_length=model_max_length,
         padding_side="left",
         clean_up_tokenization_spaces=False,
     )

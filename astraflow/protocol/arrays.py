@@ -8,13 +8,16 @@ as little-endian binary they cost a fixed 4 bytes and decode with one ``numpy.fr
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import numpy as np
 from pydantic import BeforeValidator, Field, PlainSerializer, SerializationInfo
 
 #: Context key that asks the serializers for binary arrays (set by :mod:`astraflow.protocol.codec`).
 PACKED = "packed"
+#: Validation-context key: the per-token arrays were checked packed, before validation, and
+#: arrive empty (the msgpack fast path, :mod:`astraflow.dataflow.storage.packed`).
+CHECKED = "arrays_checked"
 #: Longest array accepted anywhere on the wire. Checked before a packed buffer is expanded into
 #: Python objects, so an oversized body is refused without allocating millions of ints.
 MAX_ARRAY_ITEMS = 262_144
@@ -81,3 +84,80 @@ FloatArray = Annotated[
 ]
 #: Per-token small ints such as loss masks and versions (int32 on the wire).
 IntArray = TokenArray
+
+
+class Problem(NamedTuple):
+    """What is wrong with a value at the door: the field (dotted path) and why."""
+
+    field: str
+    message: str
+
+
+def token_array_problem(tokens, loss_mask, logprobs, versions) -> Problem | None:
+    """(field, what is wrong) for per-token arrays that break the wire rules, else None.
+
+    The rules (docs/architecture.md, "Validation at the door"): at least one token; the four
+    arrays of equal length; token ids >= 0; a loss mask of 0/1 that is 0 on the first token (a
+    prompt token: the first generated token needs one before it to be scored); finite log-probs;
+    versions >= -1. One function for the pydantic types and for the packed msgpack fast path
+    (which passes numpy arrays), so both refuse exactly the same pushes."""
+    t = np.asarray(tokens)
+    n = t.size
+    if n == 0:
+        return Problem("tokens", "tokens is empty; a trajectory needs at least one prompt token")
+    for name, arr in (("loss_mask", loss_mask), ("logprobs", logprobs), ("versions", versions)):
+        if len(arr) != n:
+            return Problem(
+                name,
+                f"{name} has {len(arr)} entries but tokens has {n}; "
+                "per-token arrays must align with tokens",
+            )
+    m = np.asarray(loss_mask)
+    if bool(((m != 0) & (m != 1)).any()):
+        return Problem("loss_mask", "loss_mask must contain only 0 and 1")
+    if m[0] != 0:
+        return Problem("loss_mask", "loss_mask[0] must be 0: the first token is a prompt token")
+    if int(t.min()) < 0:
+        return Problem("tokens", f"token ids must be >= 0, got {int(t.min())}")
+    lp = np.asarray(logprobs, dtype=np.float64)
+    if not bool(np.isfinite(lp).all()):
+        bad = int(np.flatnonzero(~np.isfinite(lp))[0])
+        return Problem("logprobs", f"logprobs must be finite, logprobs[{bad}] is {lp[bad]}")
+    v = np.asarray(versions)
+    if int(v.min()) < -1:
+        return Problem("versions", f"versions must be >= -1, got {int(v.min())}")
+    return None
+
+
+def generated_runs(loss_mask) -> list[tuple[int, int]]:
+    """``[start, end)`` of each run of generated tokens (loss mask 1): one per generated turn."""
+    m = np.asarray(loss_mask, dtype=np.int8)
+    edges = np.diff(np.concatenate(([0], m, [0])))
+    return list(
+        zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist(), strict=True)
+    )
+
+
+def turn_rewards_problem(turn_rewards, loss_mask) -> Problem | None:
+    """``turn_rewards`` must hold one reward per generated turn (run of loss mask 1)."""
+    if turn_rewards is None:
+        return None
+    runs = len(generated_runs(loss_mask))
+    if len(turn_rewards) != runs:
+        return Problem(
+            "turn_rewards",
+            f"turn_rewards has {len(turn_rewards)} entries but the loss mask has {runs} generated "
+            "turn(s) (runs of 1); give one reward per generated turn, in order",
+        )
+    return None
+
+
+def vocab_problem(tokens, vocab_size: int | None, context_length: int | None) -> str | None:
+    """What is wrong with ``tokens`` for a model of ``vocab_size`` ids and ``context_length``
+    positions (either None: not known, not checked), else None."""
+    t = np.asarray(tokens)
+    if vocab_size is not None and t.size and int(t.max()) >= vocab_size:
+        return f"token id {int(t.max())} is outside the policy's vocabulary [0, {vocab_size})"
+    if context_length is not None and t.size > context_length:
+        return f"{t.size} tokens exceed the policy's context length of {context_length}"
+    return None

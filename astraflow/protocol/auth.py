@@ -25,7 +25,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-#: Roles; what each may call on the dataflow service is :mod:`astraflow.dataflow.access`.
+#: Roles; what each may call on the dataflow service is :mod:`astraflow.dataflow.http.access`.
 NODE = "node"
 TRAINER = "trainer"
 ADMIN = "admin"

@@ -24,29 +24,37 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel
 
+from astraflow.errors import AstraFlowError
+from astraflow.protocol import routes
 from astraflow.protocol.auth import TokenDigests
 from astraflow.protocol.codec import JSON, MSGPACK, DecodeError, decode, decode_obj, encode
 from astraflow.protocol.messages import (
+    NODE_KEY_HEADER,
     Ack,
     BatchAck,
     BatchReply,
     BatchRequest,
-    EvaluationList,
     EvaluationRequest,
     EvaluationResult,
     Heartbeat,
     HeartbeatReply,
+    LatestVersions,
     LeaseGrant,
     LeaseRelease,
     LeaseRequest,
     NodeRegistered,
     NodeRegistration,
+    PartialPush,
+    PartialResult,
     PushResult,
+    RunStop,
     TrajectoryPush,
 )
 from astraflow.protocol.models import WeightVersion, new_id
+from astraflow.protocol.routes import Endpoint
 from astraflow.protocol.status import DataflowStatus
 from astraflow.protocol.tls import client_verify, tls_failure
+from astraflow.protocol.transcripts import TranscriptList
 from astraflow.recipe.schema import Recipe
 
 M = TypeVar("M", bound=BaseModel)
@@ -54,7 +62,7 @@ M = TypeVar("M", bound=BaseModel)
 RETRY_STATUS = frozenset({500, 502, 503, 504})
 
 
-class DataflowClientError(RuntimeError):
+class DataflowClientError(AstraFlowError, RuntimeError):
     """Base of every error this client raises."""
 
 
@@ -97,11 +105,40 @@ class _Call:
     reply: type[BaseModel] | None = None
     extra_timeout: float = 0.0
     params: dict[str, str] | None = None
+    headers: dict[str, str] | None = None
+
+
+def _call(
+    ep: Endpoint,
+    body: BaseModel | None = None,
+    *,
+    wait: float = 0.0,
+    params: dict[str, str] | None = None,
+    raw: bool = False,
+    **path: str,
+) -> _Call:
+    """A request to endpoint ``ep`` (:mod:`astraflow.protocol.routes`): its method and path (with
+    ``path`` filled in), the body encoded once (a retry sends the same bytes, the same
+    idempotency key), its reply type (``raw``: plain data instead) and, for a long poll, ``wait``:
+    how long the service may hold the reply back, added to the timeout."""
+    if wait and not ep.long_poll:
+        raise ValueError(f"{ep.method} {ep.path} is not a long poll")
+    data = None if body is None else encode(body, MSGPACK)
+    return _Call(ep.method, ep.url(**path), data, None if raw else ep.reply, wait, params)
 
 
 def _status_call(wait_done_s: float) -> _Call:
     params = {"wait_done_s": repr(float(wait_done_s))} if wait_done_s > 0 else None
-    return _Call("GET", "/status", reply=DataflowStatus, params=params, extra_timeout=wait_done_s)
+    return _call(routes.STATUS, params=params, wait=wait_done_s)
+
+
+def _transcripts_call(step: int | None, failed: bool | None, limit: int) -> _Call:
+    params = {"limit": str(limit)}
+    if step is not None:
+        params["step"] = str(step)
+    if failed is not None:
+        params["failed"] = "true" if failed else "false"
+    return _call(routes.TRANSCRIPTS, params=params)
 
 
 def _model(cls: type[M], obj: M | None, fields: dict[str, Any]) -> M:
@@ -136,26 +173,36 @@ class _ClientBase:
             "content-type": MSGPACK,
             "accept": MSGPACK,
         }
+        #: node id -> the credential its registration returned (sent when it deregisters)
+        self.node_keys: dict[str, str] = {}
 
     # -- request builders (shared) -------------------------------------------------------------
-    @staticmethod
-    def _post(path: str, model: BaseModel, reply: type[BaseModel], extra_timeout: float = 0.0):
-        return _Call("POST", path, encode(model, MSGPACK), reply, extra_timeout)
-
     def _register(self, reg):
-        return self._post("/nodes/register", reg, NodeRegistered)
+        return _call(routes.REGISTER, reg)
+
+    def _deregister(self, node_id: str, node_key: str | None) -> _Call:
+        key = node_key if node_key is not None else self.node_keys.get(node_id)
+        call = _call(routes.DEREGISTER, node_id=node_id)
+        if key:
+            call.headers = {NODE_KEY_HEADER: key}
+        return call
+
+    def _remember_key(self, reg: NodeRegistered) -> NodeRegistered:
+        if reg.node_key:
+            self.node_keys[reg.node_id] = reg.node_key
+        return reg
 
     def _heartbeat(self, node_id, hb):
-        return self._post(f"/nodes/{node_id}/heartbeat", hb, HeartbeatReply)
+        return _call(routes.HEARTBEAT, hb, node_id=node_id)
 
     def _lease(self, req: LeaseRequest):
         if req.idempotency_key is None:
             req = req.model_copy(update={"idempotency_key": new_id("lease-req")})
         # the request may wait up to wait_s at the service before the reply starts
-        return self._post("/leases", req, LeaseGrant, extra_timeout=req.wait_s)
+        return _call(routes.LEASE, req, wait=req.wait_s)
 
     def _next_batch(self, req: BatchRequest):
-        return self._post("/batches", req, BatchReply, extra_timeout=req.wait_s)
+        return _call(routes.NEXT_BATCH, req, wait=req.wait_s)
 
     # -- reply handling (shared) ---------------------------------------------------------------
     def _delay(self, attempt: int) -> float:
@@ -266,6 +313,7 @@ class DataflowClient(_ClientBase):
                     call.path,
                     content=call.body,
                     params=call.params,
+                    headers=call.headers,
                     timeout=self.timeout + call.extra_timeout,
                 )
             except httpx.TransportError as exc:
@@ -294,72 +342,86 @@ class DataflowClient(_ClientBase):
         return await self._execute(_Call(method, path, body, reply, extra_timeout))
 
     async def healthz(self) -> dict:
-        return await self._execute(_Call("GET", "/healthz"))
+        return await self._execute(_call(routes.HEALTHZ))
 
     async def register(self, reg: NodeRegistration | None = None, **fields) -> NodeRegistered:
-        return await self._execute(self._register(_model(NodeRegistration, reg, fields)))
+        return self._remember_key(
+            await self._execute(self._register(_model(NodeRegistration, reg, fields)))
+        )
 
     async def heartbeat(
         self, node_id: str, hb: Heartbeat | None = None, **fields
     ) -> HeartbeatReply:
         return await self._execute(self._heartbeat(node_id, _model(Heartbeat, hb, fields)))
 
-    async def deregister(self, node_id: str) -> Ack:
-        return await self._execute(_Call("DELETE", f"/nodes/{node_id}", reply=Ack))
+    async def deregister(self, node_id: str, node_key: str | None = None) -> Ack:
+        """``node_key``: the credential the registration returned (default: the one this client
+        received for ``node_id``); a node token may deregister only its own node."""
+        return await self._execute(self._deregister(node_id, node_key))
 
     async def lease(self, req: LeaseRequest | None = None, **fields) -> LeaseGrant:
         return await self._execute(self._lease(_model(LeaseRequest, req, fields)))
 
     async def release(self, node_id: str, lease_ids: list[str]) -> Ack:
         req = LeaseRelease(node_id=node_id, lease_ids=list(lease_ids))
-        return await self._execute(self._post("/leases/release", req, Ack))
+        return await self._execute(_call(routes.RELEASE, req))
 
     async def push(self, req: TrajectoryPush | None = None, **fields) -> PushResult:
-        return await self._execute(
-            self._post("/trajectories", _model(TrajectoryPush, req, fields), PushResult)
-        )
+        return await self._execute(_call(routes.PUSH, _model(TrajectoryPush, req, fields)))
+
+    async def save_partials(self, req: PartialPush | None = None, **fields) -> PartialResult:
+        return await self._execute(_call(routes.PARTIALS, _model(PartialPush, req, fields)))
 
     async def next_batch(self, req: BatchRequest | None = None, **fields) -> BatchReply:
         return await self._execute(self._next_batch(_model(BatchRequest, req, fields)))
 
     async def ack(self, batch_id: str, ack: BatchAck | None = None, **fields) -> Ack:
         return await self._execute(
-            self._post(f"/batches/{batch_id}/ack", _model(BatchAck, ack, fields), Ack)
+            _call(routes.ACK, _model(BatchAck, ack, fields), batch_id=batch_id)
         )
 
     async def announce_version(self, wv: WeightVersion | None = None, **fields) -> Ack:
-        return await self._execute(self._post("/versions", _model(WeightVersion, wv, fields), Ack))
+        return await self._execute(_call(routes.ANNOUNCE, _model(WeightVersion, wv, fields)))
+
+    async def stop_run(self, reason: str = "stopped by an admin") -> Ack:
+        """``POST /run/stop`` (admin token): end the run cleanly."""
+        return await self._execute(_call(routes.RUN_STOP, RunStop(reason=reason)))
+
+    async def latest_versions(self) -> LatestVersions:
+        """``GET /versions/latest``: the newest version of each policy, its location and digest."""
+        return await self._execute(_call(routes.LATEST_VERSIONS))
 
     async def request_evaluation(
         self, req: EvaluationRequest | None = None, **fields
     ) -> EvaluationResult:
         return await self._execute(
-            self._post("/evaluations", _model(EvaluationRequest, req, fields), EvaluationResult)
+            _call(routes.REQUEST_EVALUATION, _model(EvaluationRequest, req, fields))
         )
 
     async def evaluations(self, policy: str | None = None) -> list[EvaluationResult]:
-        call = _Call(
-            "GET",
-            "/evaluations",
-            reply=EvaluationList,
-            params={"policy": policy} if policy else None,
-        )
+        call = _call(routes.LIST_EVALUATIONS, params={"policy": policy} if policy else None)
         return (await self._execute(call)).evaluations
 
     async def evaluation(self, eval_id: str) -> EvaluationResult:
-        return await self._execute(_Call("GET", f"/evaluations/{eval_id}", reply=EvaluationResult))
+        return await self._execute(_call(routes.GET_EVALUATION, eval_id=eval_id))
 
     async def status(self, wait_done_s: float = 0.0) -> DataflowStatus:
         """``GET /status``; with ``wait_done_s``, answered as soon as the run is done (or then)."""
         return await self._execute(_status_call(wait_done_s))
 
+    async def transcripts(
+        self, step: int | None = None, failed: bool | None = None, limit: int = 50
+    ) -> TranscriptList:
+        """``GET /transcripts``: the sampled finished episodes (admin)."""
+        return await self._execute(_transcripts_call(step, failed, limit))
+
     async def auth_verifiers(self) -> TokenDigests:
         """Digests of the run's role tokens (``GET /auth/verifiers``; trainer or admin)."""
-        return await self._execute(_Call("GET", "/auth/verifiers", reply=TokenDigests))
+        return await self._execute(_call(routes.AUTH_VERIFIERS))
 
     async def recipe(self) -> Recipe:
         """The run's resolved recipe (``GET /recipe``), so a node needs only URL and token."""
-        return Recipe.model_validate(await self._execute(_Call("GET", "/recipe")))
+        return Recipe.model_validate(await self._execute(_call(routes.RECIPE, raw=True)))
 
 
 class SyncDataflowClient(_ClientBase):
@@ -398,6 +460,7 @@ class SyncDataflowClient(_ClientBase):
                     call.path,
                     content=call.body,
                     params=call.params,
+                    headers=call.headers,
                     timeout=self.timeout + call.extra_timeout,
                 )
             except httpx.TransportError as exc:
@@ -413,67 +476,77 @@ class SyncDataflowClient(_ClientBase):
         raise self._unreachable(call, last)
 
     def healthz(self) -> dict:
-        return self._execute(_Call("GET", "/healthz"))
+        return self._execute(_call(routes.HEALTHZ))
 
     def register(self, reg: NodeRegistration | None = None, **fields) -> NodeRegistered:
-        return self._execute(self._register(_model(NodeRegistration, reg, fields)))
+        return self._remember_key(
+            self._execute(self._register(_model(NodeRegistration, reg, fields)))
+        )
 
     def heartbeat(self, node_id: str, hb: Heartbeat | None = None, **fields) -> HeartbeatReply:
         return self._execute(self._heartbeat(node_id, _model(Heartbeat, hb, fields)))
 
-    def deregister(self, node_id: str) -> Ack:
-        return self._execute(_Call("DELETE", f"/nodes/{node_id}", reply=Ack))
+    def deregister(self, node_id: str, node_key: str | None = None) -> Ack:
+        return self._execute(self._deregister(node_id, node_key))
 
     def lease(self, req: LeaseRequest | None = None, **fields) -> LeaseGrant:
         return self._execute(self._lease(_model(LeaseRequest, req, fields)))
 
     def release(self, node_id: str, lease_ids: list[str]) -> Ack:
         req = LeaseRelease(node_id=node_id, lease_ids=list(lease_ids))
-        return self._execute(self._post("/leases/release", req, Ack))
+        return self._execute(_call(routes.RELEASE, req))
 
     def push(self, req: TrajectoryPush | None = None, **fields) -> PushResult:
-        return self._execute(
-            self._post("/trajectories", _model(TrajectoryPush, req, fields), PushResult)
-        )
+        return self._execute(_call(routes.PUSH, _model(TrajectoryPush, req, fields)))
+
+    def save_partials(self, req: PartialPush | None = None, **fields) -> PartialResult:
+        return self._execute(_call(routes.PARTIALS, _model(PartialPush, req, fields)))
 
     def next_batch(self, req: BatchRequest | None = None, **fields) -> BatchReply:
         return self._execute(self._next_batch(_model(BatchRequest, req, fields)))
 
     def ack(self, batch_id: str, ack: BatchAck | None = None, **fields) -> Ack:
-        return self._execute(
-            self._post(f"/batches/{batch_id}/ack", _model(BatchAck, ack, fields), Ack)
-        )
+        return self._execute(_call(routes.ACK, _model(BatchAck, ack, fields), batch_id=batch_id))
 
     def announce_version(self, wv: WeightVersion | None = None, **fields) -> Ack:
-        return self._execute(self._post("/versions", _model(WeightVersion, wv, fields), Ack))
+        return self._execute(_call(routes.ANNOUNCE, _model(WeightVersion, wv, fields)))
 
     def request_evaluation(
         self, req: EvaluationRequest | None = None, **fields
     ) -> EvaluationResult:
         return self._execute(
-            self._post("/evaluations", _model(EvaluationRequest, req, fields), EvaluationResult)
+            _call(routes.REQUEST_EVALUATION, _model(EvaluationRequest, req, fields))
         )
 
     def evaluations(self, policy: str | None = None) -> list[EvaluationResult]:
-        call = _Call(
-            "GET",
-            "/evaluations",
-            reply=EvaluationList,
-            params={"policy": policy} if policy else None,
-        )
+        call = _call(routes.LIST_EVALUATIONS, params={"policy": policy} if policy else None)
         return self._execute(call).evaluations
 
     def evaluation(self, eval_id: str) -> EvaluationResult:
-        return self._execute(_Call("GET", f"/evaluations/{eval_id}", reply=EvaluationResult))
+        return self._execute(_call(routes.GET_EVALUATION, eval_id=eval_id))
 
     def status(self, wait_done_s: float = 0.0) -> DataflowStatus:
         """``GET /status``; with ``wait_done_s``, answered as soon as the run is done (or then)."""
         return self._execute(_status_call(wait_done_s))
 
+    def transcripts(
+        self, step: int | None = None, failed: bool | None = None, limit: int = 50
+    ) -> TranscriptList:
+        """``GET /transcripts``: the sampled finished episodes (admin)."""
+        return self._execute(_transcripts_call(step, failed, limit))
+
     def auth_verifiers(self) -> TokenDigests:
         """Digests of the run's role tokens (``GET /auth/verifiers``; trainer or admin)."""
-        return self._execute(_Call("GET", "/auth/verifiers", reply=TokenDigests))
+        return self._execute(_call(routes.AUTH_VERIFIERS))
+
+    def stop_run(self, reason: str = "stopped by an admin") -> Ack:
+        """``POST /run/stop`` (admin token): end the run cleanly."""
+        return self._execute(_call(routes.RUN_STOP, RunStop(reason=reason)))
+
+    def latest_versions(self) -> LatestVersions:
+        """``GET /versions/latest``: the newest version of each policy, its location and digest."""
+        return self._execute(_call(routes.LATEST_VERSIONS))
 
     def recipe(self) -> Recipe:
         """The run's resolved recipe (``GET /recipe``)."""
-        return Recipe.model_validate(self._execute(_Call("GET", "/recipe")))
+        return Recipe.model_validate(self._execute(_call(routes.RECIPE, raw=True)))

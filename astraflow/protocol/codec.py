@@ -13,6 +13,7 @@ from typing import TypeVar
 import msgpack
 from pydantic import BaseModel, ValidationError
 
+from astraflow.errors import AstraFlowError
 from astraflow.protocol.arrays import PACKED
 
 MSGPACK = "application/msgpack"
@@ -23,7 +24,7 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 M = TypeVar("M", bound=BaseModel)
 
 
-class DecodeError(ValueError):
+class DecodeError(AstraFlowError, ValueError):
     """A body that is not valid msgpack/JSON or does not match the expected model.
 
     ``fields`` lists the dotted paths of offending fields, so a 422 reply can name them.
@@ -72,10 +73,11 @@ def decode(
     return validate(cls, raw)
 
 
-def validate(cls: type[M], raw: object) -> M:
-    """Validate already-parsed data; ``DecodeError.fields`` holds the dotted path of each problem."""
+def validate(cls: type[M], raw: object, context: dict | None = None) -> M:
+    """Validate already-parsed data; ``DecodeError.fields`` holds the dotted path of each problem.
+    ``context``: pydantic's validation context (see :data:`astraflow.protocol.arrays.CHECKED`)."""
     try:
-        return cls.model_validate(raw)
+        return cls.model_validate(raw, context=context)
     except ValidationError as exc:
         errors = exc.errors()
         fields = [_loc(err["loc"]) for err in errors]

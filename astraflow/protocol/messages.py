@@ -7,20 +7,72 @@ themselves are documented in the service's OpenAPI document.
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 from pydantic import Field
 
-from astraflow.protocol.models import Batch, Episode, Lease, WeightVersion, WireModel, new_id
+from astraflow.protocol.arrays import Problem, vocab_problem
+from astraflow.protocol.bounds import (
+    INT64_MAX,
+    MAX_IN_FLIGHT,
+    MAX_METRIC_KEYS,
+    MAX_POLICIES,
+    Finite,
+    Name,
+    Tree,
+    Version,
+    text,
+)
+from astraflow.protocol.models import (
+    MAX_GROUP_SIZE,
+    Batch,
+    Episode,
+    Lease,
+    PartialEpisode,
+    WeightVersion,
+    WireModel,
+    new_id,
+)
+
+#: A weight version a node holds (-1: none loaded yet).
+HeldVersion = Annotated[int, Field(ge=-1, le=INT64_MAX)]
+#: Longest idempotency key.
+MAX_KEY_CHARS = 128
+IdempotencyKey = text(MAX_KEY_CHARS)
+
+#: The metric keys a rollout node may report in its heartbeats (``NodeStats.as_metrics``); the
+#: service keeps only these (others are dropped and counted as ``dropped_metric_keys``), so
+#: metrics.jsonl and /status stay bounded whatever a node sends.
+NODE_METRIC_KEYS = frozenset(
+    {
+        "episodes",
+        "errors",
+        "env_timeouts",
+        "pushes",
+        "episodes_per_s",
+        "tokens_per_s",
+        "weight_updates",
+        "weight_fetch_s",
+        "weight_load_s",
+        "weight_sync_s",
+        "weight_sync_s_mean",
+    }
+)
 
 
 class NodeRegistration(WireModel):
-    name: str = Field(default="", max_length=256, description="Human-readable node name")
-    policies: dict[str, int] = Field(description="Policies served and the weight version held")
+    name: Name = Field(default="", description="Human-readable node name")
+    policies: dict[Name, HeldVersion] = Field(
+        max_length=MAX_POLICIES, description="Policies served and the weight version held"
+    )
     concurrency: int = Field(default=8, ge=1, le=65536)
-    region: str = Field(default="local", max_length=128)
-    engines: dict[str, str] = Field(default_factory=dict, description="Engine kind per policy")
-    meta: dict[str, Any] = Field(default_factory=dict)
+    region: text(128) = "local"
+    engines: dict[Name, text(128)] = Field(
+        default_factory=dict, max_length=MAX_POLICIES, description="Engine kind per policy"
+    )
+    meta: Tree = Field(default_factory=dict)
     replace: bool = Field(
         default=False,
         description=(
@@ -31,20 +83,43 @@ class NodeRegistration(WireModel):
     )
 
 
+#: Header carrying a node's own credential (``NodeRegistered.node_key``) where one is needed.
+NODE_KEY_HEADER = "x-node-key"
+
+
 class NodeRegistered(WireModel):
     node_id: str
+    node_key: str = Field(
+        default="",
+        description="This node's own credential: sent as the X-Node-Key header, it lets the node "
+        "deregister itself (a node token alone may not deregister a node)",
+    )
     heartbeat_interval_s: float
     lease_timeout_s: float
     latest_versions: dict[str, int] = Field(default_factory=dict)
     max_lag: int
+    group_size: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Episodes per training task: a node leases a group only while it fits the node's "
+            "free episode slots (rollout.concurrency counts episodes)"
+        ),
+    )
 
 
 class Heartbeat(WireModel):
-    versions: dict[str, int] = Field(default_factory=dict)
-    in_flight: list[str] = Field(
-        default_factory=list, description="Lease ids still being worked on"
+    versions: dict[Name, HeldVersion] = Field(default_factory=dict, max_length=MAX_POLICIES)
+    in_flight: list[Name] = Field(
+        default_factory=list,
+        max_length=MAX_IN_FLIGHT,
+        description="Lease ids still being worked on",
     )
-    metrics: dict[str, float] = Field(default_factory=dict)
+    metrics: dict[Name, Finite] = Field(
+        default_factory=dict,
+        max_length=MAX_METRIC_KEYS,
+        description="Node counters; only the keys of NODE_METRIC_KEYS are kept",
+    )
 
 
 class HeartbeatReply(WireModel):
@@ -56,15 +131,38 @@ class HeartbeatReply(WireModel):
         default_factory=list, description="Leases no longer held (expired and finished elsewhere)"
     )
     weight_locations: dict[str, str] = Field(default_factory=dict)
+    weight_digests: dict[str, str] = Field(
+        default_factory=dict,
+        description="Digest of the latest version of each policy: a node holding that version "
+        "number with another digest (it missed a rewind) reloads",
+    )
     stop: bool = Field(default=False, description="The run is over; the node should leave")
+    heartbeat_interval_s: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="The interval the service asks for now (it grows with the pool, see "
+        "dataflow.max_heartbeats_per_s); None: keep the registration's",
+    )
 
 
 class LeaseRequest(WireModel):
-    node_id: str
+    node_id: Name
     max_tasks: int = Field(ge=1, le=4096)
-    versions: dict[str, int] = Field(description="Weight version held per policy")
-    idempotency_key: str | None = Field(
-        default=None, max_length=128, description="A retry with the same key gets the same leases"
+    max_episodes: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 20,
+        description=(
+            "Episode slots the node has free: the granted tasks' group sizes add up to at most "
+            "this (None: only max_tasks bounds the grant)"
+        ),
+    )
+    versions: dict[Name, HeldVersion] = Field(
+        max_length=MAX_POLICIES, description="Weight version held per policy"
+    )
+    idempotency_key: IdempotencyKey | None = Field(
+        default=None,
+        description="A retry with the same key gets the same leases (keys are per node)",
     )
     wait_s: float = Field(
         default=0.0,
@@ -85,6 +183,10 @@ class LeaseGrant(WireModel):
     weight_locations: dict[str, str] = Field(
         default_factory=dict, description="Where the latest version of each policy can be fetched"
     )
+    weight_digests: dict[str, str] = Field(
+        default_factory=dict,
+        description="Digest of the latest version of each policy (see HeartbeatReply)",
+    )
     update_first: bool = Field(
         default=False,
         description="The node's training work is held back until it loads the latest weights "
@@ -93,17 +195,86 @@ class LeaseGrant(WireModel):
 
 
 class LeaseRelease(WireModel):
-    node_id: str
-    lease_ids: list[str]
+    node_id: Name
+    lease_ids: list[Name] = Field(max_length=MAX_IN_FLIGHT)
 
 
 class TrajectoryPush(WireModel):
-    idempotency_key: str = Field(
-        default_factory=lambda: new_id("push"), min_length=8, max_length=128
+    idempotency_key: IdempotencyKey = Field(
+        default_factory=lambda: new_id("push"),
+        min_length=8,
+        description="Per node: a retry with the same key and body gets the first answer; "
+        "the same key with another body is 409",
     )
-    node_id: str
-    lease_id: str
+    node_id: Name
+    lease_id: Name
     episodes: list[Episode] = Field(max_length=1024)
+
+    def policy_problem(
+        self,
+        policy_of_role: Mapping[str, str],
+        facts: Mapping[str, PolicyFacts],
+        packed_tokens: Mapping[tuple[int, int], Any] | None = None,
+    ) -> Problem | None:
+        """(field, what is wrong) when a trajectory's tokens do not fit its policy's model
+        (vocabulary, context length), else None: the push's one semantic check, made by the
+        service with what it learned from the trainers (:class:`PolicyFacts`).
+
+        ``packed_tokens``: token arrays of trajectories that arrived packed (their list field
+        is empty), keyed (episode, trajectory)."""
+        packed_tokens = packed_tokens or {}
+        for i, ep in enumerate(self.episodes):
+            for j, tr in enumerate(ep.trajectories):
+                fact = facts.get(policy_of_role.get(tr.role, ""))
+                if fact is None:
+                    continue
+                tokens = packed_tokens.get((i, j), tr.tokens)
+                problem = vocab_problem(tokens, fact.vocab_size, fact.context_length)
+                if problem is not None:
+                    return Problem(
+                        f"episodes.{i}.trajectories.{j}.tokens", f"episode {ep.id!r}: {problem}"
+                    )
+        return None
+
+
+class PartialPush(WireModel):
+    """``POST /partials``: a node saves episodes of a lease it holds that are still in flight
+    (:class:`~astraflow.protocol.models.PartialEpisode`), so that if it dies the task's next lease
+    resumes them. Each save of an episode replaces the previous one."""
+
+    node_id: Name
+    lease_id: Name
+    partials: list[PartialEpisode] = Field(min_length=1, max_length=MAX_GROUP_SIZE)
+
+    def policy_problem(
+        self, policy_of_role: Mapping[str, str], facts: Mapping[str, PolicyFacts]
+    ) -> Problem | None:
+        """(field, what is wrong) when a saved trajectory's tokens do not fit its policy's model,
+        else None: the same check as a push's (:meth:`TrajectoryPush.policy_problem`)."""
+        for i, partial in enumerate(self.partials):
+            for j, tr in enumerate(partial.all_trajectories):
+                fact = facts.get(policy_of_role.get(tr.role, ""))
+                if fact is None:
+                    continue
+                problem = vocab_problem(tr.tokens, fact.vocab_size, fact.context_length)
+                if problem is not None:
+                    return Problem(f"partials.{i}.trajectories.{j}.tokens", problem)
+        return None
+
+
+class PartialResult(WireModel):
+    accepted: bool
+    reason: str | None = None
+    #: episodes whose saved state is now the one this push carried
+    stored: int = 0
+
+
+@dataclass(frozen=True)
+class PolicyFacts:
+    """What the service knows of a policy's model, from the trainer's version announcements."""
+
+    vocab_size: int | None = None
+    context_length: int | None = None
 
 
 class PushResult(WireModel):
@@ -114,10 +285,10 @@ class PushResult(WireModel):
 
 
 class BatchRequest(WireModel):
-    policy: str
+    policy: Name
     num_groups: int = Field(ge=1, le=65536)
-    trainer_version: int = Field(ge=0)
-    trainer_id: str = "trainer"
+    trainer_version: Version
+    trainer_id: Name = "trainer"
     wait_s: float = Field(default=0.0, ge=0.0, le=600.0, description="Long-poll up to this long")
 
 
@@ -131,9 +302,9 @@ class BatchReply(WireModel):
 
 
 class BatchAck(WireModel):
-    idempotency_key: str = Field(default_factory=lambda: new_id("ack"))
-    trainer_version: int = Field(ge=0, description="Version produced by the step on this batch")
-    metrics: dict[str, float] = Field(default_factory=dict)
+    idempotency_key: IdempotencyKey = Field(default_factory=lambda: new_id("ack"))
+    trainer_version: Version = Field(description="Version produced by the step on this batch")
+    metrics: dict[Name, float] = Field(default_factory=dict, max_length=4096)
     trained: bool = Field(
         default=True,
         description=(
@@ -141,9 +312,14 @@ class BatchAck(WireModel):
             "is done with but is not a step of the run"
         ),
     )
-    checkpoint_version: int | None = Field(
+    invalid_samples: dict[Name, text(2048)] = Field(
+        default_factory=dict,
+        max_length=65_536,
+        description="Samples the trainer quarantined (id -> why): not trained on; the service "
+        "counts them as dropped 'invalid_sample' and names the nodes that sent them",
+    )
+    checkpoint_version: Version | None = Field(
         default=None,
-        ge=0,
         description=(
             "Newest version the trainer can restart from (its newest complete checkpoint; 0: "
             "the initial weights). The service keeps the samples of later steps so that a "
@@ -157,17 +333,29 @@ class VersionAnnouncement(WeightVersion):
     pass
 
 
+class RunStop(WireModel):
+    """``POST /run/stop`` (admin): end the run now. Trainers checkpoint and leave, nodes finish or
+    hand back their episodes and leave, the launcher ends."""
+
+    reason: str = Field(default="stopped by an admin", max_length=500)
+
+
+class LatestVersions(WireModel):
+    """The version table's newest row per policy (``GET /versions/latest``): where a region's
+    weight cache finds each policy's current weight server after a trainer restart."""
+
+    versions: dict[str, WeightVersion] = Field(default_factory=dict)
+
+
 class EvaluationRequest(WireModel):
     """Ask rollout nodes to evaluate ``policy`` at ``version`` (or newer) on held-out tasks."""
 
-    idempotency_key: str = Field(
-        default_factory=lambda: new_id("eval"), min_length=8, max_length=128
-    )
-    policy: str = Field(min_length=1, max_length=128)
-    version: int = Field(ge=0, description="Nodes must hold at least this version")
-    step: int | None = Field(default=None, ge=0, description="Trainer step (defaults to version)")
-    task_set: str | None = Field(default=None, max_length=128, description="Default: recipe's")
-    split: str | None = Field(default=None, max_length=64, description="Default: recipe's")
+    idempotency_key: IdempotencyKey = Field(default_factory=lambda: new_id("eval"), min_length=8)
+    policy: Name = Field(min_length=1, max_length=128)
+    version: Version = Field(description="Nodes must hold at least this version")
+    step: Version | None = Field(default=None, description="Trainer step (defaults to version)")
+    task_set: text(128) | None = Field(default=None, description="Default: recipe's")
+    split: text(64) | None = Field(default=None, description="Default: recipe's")
     num_tasks: int | None = Field(default=None, ge=1, le=100_000, description="Default: recipe's")
 
 

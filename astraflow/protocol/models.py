@@ -12,9 +12,26 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from astraflow.protocol.arrays import MAX_ARRAY_ITEMS, FloatArray, IntArray, TokenArray
+from astraflow.protocol.arrays import (
+    CHECKED,
+    MAX_ARRAY_ITEMS,
+    FloatArray,
+    IntArray,
+    TokenArray,
+    token_array_problem,
+    turn_rewards_problem,
+)
+from astraflow.protocol.bounds import (
+    MAX_METRIC_KEYS,
+    Finite,
+    Int64,
+    Name,
+    Tree,
+    Version,
+    text,
+)
 
 #: Longest token sequence accepted anywhere on the wire (prompt + all turns).
 MAX_SEQUENCE_TOKENS = MAX_ARRAY_ITEMS
@@ -59,33 +76,14 @@ class Task(WireModel):
     meta: dict[str, Any] = Field(default_factory=dict)
 
 
-class Lease(WireModel):
-    """A task handed to a rollout node until ``deadline`` (unix seconds)."""
-
-    id: str = Field(default_factory=lambda: new_id("lease"))
-    task: Task
-    node_id: str
-    deadline: float
-    issued_at: float = Field(default_factory=time.time)
-    versions: dict[str, int] = Field(
-        default_factory=dict, description="Weight version per policy the node held when leased"
-    )
-
-
 def _check_token_arrays(model: Trajectory | Sample) -> None:
-    """Per-token arrays must align with ``tokens`` and the loss mask must be 0/1.
+    """The per-token arrays' rules (:func:`astraflow.protocol.arrays.token_array_problem`).
 
     Shared by Trajectory and Sample: a misaligned sample would silently train on the wrong tokens.
     """
-    n = len(model.tokens)
-    for name in ("loss_mask", "logprobs", "versions"):
-        if len(getattr(model, name)) != n:
-            raise ValueError(
-                f"{name} has {len(getattr(model, name))} entries but tokens has {n}; "
-                "per-token arrays must align with tokens"
-            )
-    if any(m not in (0, 1) for m in model.loss_mask):
-        raise ValueError("loss_mask must contain only 0 and 1")
+    problem = token_array_problem(model.tokens, model.loss_mask, model.logprobs, model.versions)
+    if problem is not None:
+        raise ValueError(f"{problem.field}: {problem.message}")
 
 
 class Trajectory(WireModel):
@@ -95,16 +93,24 @@ class Trajectory(WireModel):
     are meaningful only there (0.0 and -1 elsewhere). Other roles' text appears as context tokens.
     """
 
-    role: str = Field(min_length=1, max_length=128)
+    role: Name = Field(min_length=1, max_length=128)
     tokens: TokenArray = Field(max_length=MAX_SEQUENCE_TOKENS)
     loss_mask: IntArray = Field(max_length=MAX_SEQUENCE_TOKENS)
     logprobs: FloatArray = Field(max_length=MAX_SEQUENCE_TOKENS)
     versions: IntArray = Field(max_length=MAX_SEQUENCE_TOKENS)
-    num_turns: int = Field(default=1, ge=0)
+    num_turns: int = Field(default=1, ge=0, le=1_000_000)
+    #: the reward of each generated turn (each run of loss mask 1), in order, when the workflow
+    #: kept them (``trainer.turn_discount`` credits each turn with its own return); None: the
+    #: episode's reward only
+    turn_rewards: list[Finite] | None = Field(default=None, max_length=MAX_SEQUENCE_TOKENS)
 
     @model_validator(mode="after")
-    def _aligned(self) -> Trajectory:
-        _check_token_arrays(self)
+    def _aligned(self, info: ValidationInfo) -> Trajectory:
+        if not (info.context and info.context.get(CHECKED) and not self.tokens):
+            _check_token_arrays(self)
+            problem = turn_rewards_problem(self.turn_rewards, self.loss_mask)
+            if problem is not None:
+                raise ValueError(f"{problem.field}: {problem.message}")
         return self
 
     @property
@@ -119,18 +125,29 @@ class Trajectory(WireModel):
 class Episode(WireModel):
     """One run of a workflow on one task: per-role trajectories and rewards."""
 
-    id: str = Field(default_factory=lambda: new_id("ep"))
-    task_id: str
+    id: Name = Field(default_factory=lambda: new_id("ep"), min_length=1)
+    task_id: Name
     trajectories: list[Trajectory] = Field(default_factory=list, max_length=64)
-    rewards: dict[str, float] = Field(default_factory=dict, description="Reward per role")
+    rewards: dict[Name, Finite] = Field(
+        default_factory=dict, max_length=64, description="Reward per role (finite)"
+    )
     #: ``error``: the workflow or env raised; ``env_timeout``: an env call ran past
-    #: ``rollout.env_timeout_s`` (both carry ``error`` and yield no sample)
+    #: ``rollout.env_timeout_s`` (both carry ``error`` and yield no sample);
+    #: ``invalid_tool_call``: the policy wrote a tool call that did not parse (a scored outcome)
     finish_reason: Literal[
-        "terminated", "truncated", "turn_limit", "length", "error", "env_timeout"
+        "terminated",
+        "truncated",
+        "turn_limit",
+        "length",
+        "error",
+        "env_timeout",
+        "invalid_tool_call",
     ] = "terminated"
-    error: str | None = Field(default=None, max_length=8192)
-    info: dict[str, Any] = Field(default_factory=dict)
-    metrics: dict[str, float] = Field(default_factory=dict, description="Timings and counters")
+    error: text(8192) | None = None
+    info: Tree = Field(default_factory=dict)
+    metrics: dict[Name, Finite] = Field(
+        default_factory=dict, max_length=MAX_METRIC_KEYS, description="Timings and counters"
+    )
 
     @model_validator(mode="after")
     def _roles_have_rewards(self) -> Episode:
@@ -139,6 +156,60 @@ class Episode(WireModel):
             if missing:
                 raise ValueError(f"rewards missing for roles {sorted(missing)}")
         return self
+
+
+class PartialEpisode(WireModel):
+    """An episode in flight, saved by its node after a finished turn, so that another node can
+    finish it if this one dies (``POST /partials``; handed back on the task's next lease).
+
+    ``trajectories`` hold every role's sequence so far, with the behaviour log-probs and versions
+    of the tokens already generated: a node that resumes keeps them as they are and generates only
+    the turns that follow. ``env_state`` is the env's ``state_dict()`` (None: the env cannot save
+    one, and the episode is played again from the start); ``workflow_state`` is what the workflow
+    itself needs to go on (its turn rewards, the last env info), opaque to the service.
+    ``finished``: the episode ended on its node but its group was not pushed yet (a group is
+    pushed whole); a node that takes the task over pushes it as it is."""
+
+    #: which of the task's ``group_size`` episodes this is (the node's own numbering, 0-based)
+    index: int = Field(ge=0, lt=MAX_GROUP_SIZE)
+    #: finished turns saved (a newer save of the same episode replaces an older one)
+    turns: int = Field(ge=0, le=1_000_000)
+    trajectories: list[Trajectory] = Field(default_factory=list, max_length=64)
+    env_state: Tree | None = None
+    workflow_state: Tree = Field(default_factory=dict)
+    finished: Episode | None = None
+    #: seconds the episode had run when saved (on every node that played it)
+    elapsed_s: Finite = Field(default=0.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _has_turns(self) -> PartialEpisode:
+        if self.finished is None and not self.trajectories:
+            raise ValueError("a saved episode needs its trajectories or the finished episode")
+        return self
+
+    @property
+    def all_trajectories(self) -> list[Trajectory]:
+        """Every trajectory it carries (the saved turns' and the finished episode's)."""
+        return [*self.trajectories, *(self.finished.trajectories if self.finished else ())]
+
+
+class Lease(WireModel):
+    """A task handed to a rollout node until ``deadline`` (unix seconds)."""
+
+    id: str = Field(default_factory=lambda: new_id("lease"))
+    task: Task
+    node_id: str
+    deadline: float
+    issued_at: float = Field(default_factory=time.time)
+    versions: dict[str, int] = Field(
+        default_factory=dict, description="Weight version per policy the node held when leased"
+    )
+    partials: list[PartialEpisode] = Field(
+        default_factory=list,
+        max_length=MAX_GROUP_SIZE,
+        description="Episodes of this task a previous lease saved in flight (POST /partials): "
+        "the node resumes each from its saved turn instead of playing it from the start",
+    )
 
 
 class Sample(WireModel):
@@ -157,10 +228,15 @@ class Sample(WireModel):
     reward: float
     advantage: float = 0.0
     weight: float = Field(default=1.0, ge=0.0, description="Loss weight (staleness down-weighting)")
+    #: the trajectory's per-turn rewards (see :attr:`Trajectory.turn_rewards`), or None
+    turn_rewards: list[Finite] | None = Field(default=None, max_length=MAX_SEQUENCE_TOKENS)
 
     @model_validator(mode="after")
     def _aligned(self) -> Sample:
         _check_token_arrays(self)
+        problem = turn_rewards_problem(self.turn_rewards, self.loss_mask)
+        if problem is not None:
+            raise ValueError(f"{problem.field}: {problem.message}")
         return self
 
     @property
@@ -207,10 +283,23 @@ class WeightVersion(WireModel):
     """A published weight version of one policy, as announced to the dataflow service."""
 
     policy: str
-    version: int = Field(ge=0)
-    location: str = Field(description="Weight store URL or directory holding this version")
-    digest: str = Field(description="sha256 of the canonical state (see astraflow.weights)")
-    parent: int | None = Field(default=None, description="Version a delta applies to, if any")
-    full_bytes: int = 0
-    delta_bytes: int | None = None
+    version: Version
+    location: text(4096) = Field(description="Weight store URL or directory holding this version")
+    digest: Name = Field(description="sha256 of the canonical state (see astraflow.weights)")
+    parent: Version | None = Field(default=None, description="Version a delta applies to, if any")
+    full_bytes: Int64 = 0
+    delta_bytes: Int64 | None = None
+    vocab_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=2**31 - 1,
+        description="Rows of the model's embedding: token ids a node pushes must be below it "
+        "(the dataflow service learns it from the trainer's announcements)",
+    )
+    context_length: int | None = Field(
+        default=None,
+        ge=1,
+        le=2**31 - 1,
+        description="Longest sequence the model takes (prompt + completion), if it has a limit",
+    )
     created_at: float = Field(default_factory=time.time)

@@ -17,12 +17,14 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
+from astraflow.errors import AstraFlowError
+
 CA_ENV = "ASTRAFLOW_CA_FILE"
 CERT_ENV = "ASTRAFLOW_TLS_CERT"
 KEY_ENV = "ASTRAFLOW_TLS_KEY"
 
 
-class TLSConfigError(ValueError):
+class TLSConfigError(AstraFlowError, ValueError):
     """A certificate, key or CA file that is missing or cannot be loaded."""
 
 

@@ -35,6 +35,12 @@ class WeightCacheStats(WireModel):
     files_served: int = 0
     bytes_served: int = Field(default=0, description="Bytes of the files sent to nodes")
     meta_requests: int = Field(default=0, description="meta/latest requests relayed upstream")
+    streamed: int = Field(
+        default=0, description="File requests streamed while the file was still downloading"
+    )
+    upstream_changes: int = Field(
+        default=0, description="Policies moved to a new upstream found in the version table"
+    )
     upstream_errors: int = 0
     cached_files: int = 0
     cached_bytes: int = 0

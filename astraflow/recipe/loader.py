@@ -9,17 +9,18 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import tomllib
 from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
 
-import tomllib
 from pydantic import BaseModel, ValidationError
 
+from astraflow.errors import AstraFlowError
 from astraflow.recipe.schema import Recipe
 
 
-class RecipeError(ValueError):
+class RecipeError(AstraFlowError, ValueError):
     """A recipe that cannot be used; the message is meant to be shown as is."""
 
 
@@ -243,7 +244,66 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise RecipeError(f"{path}: not valid TOML: {exc}") from None
-    return recipe_from_dict(data, overrides, source=str(path))
+    return recipe_from_dict(anchor_paths(data, path.parent), overrides, source=str(path))
+
+
+#: (section path, key) of the input files a recipe names; "*" is every entry of a table or list
+_INPUT_PATHS = (
+    (("policies", "*"), "accelerate_config"),
+    (("tasks", "sets", "*", "kwargs"), "path"),
+    (("tasks", "sets", "*", "kwargs"), "data_dir"),
+    (("security",), "cert_file"),
+    (("security",), "key_file"),
+    (("security",), "ca_file"),
+)
+
+
+def _anchor(value: Any, base: Path) -> Any:
+    if not isinstance(value, str) or not value or Path(value).expanduser().is_absolute():
+        return value
+    return str((base / value).resolve())
+
+
+def _tables(node: Any, keys: tuple[str, ...]) -> list[dict]:
+    if not keys:
+        return [node] if isinstance(node, dict) else []
+    head, rest = keys[0], keys[1:]
+    if head == "*":
+        children = (
+            node.values() if isinstance(node, dict) else node if isinstance(node, list) else []
+        )
+        return [t for child in children for t in _tables(child, rest)]
+    return _tables(node.get(head), rest) if isinstance(node, dict) else []
+
+
+def anchor_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Relative input files of a recipe file resolve against the recipe's folder, not the working
+    directory: a recipe beside its data (``sets = [{ name = "jsonl", kwargs = { path =
+    "train.jsonl" } }]``, ``agent = "agent.py:run"``) runs from anywhere. A local model path
+    counts when it exists there (``org/name`` may be a hub id). Outputs (``run.output_dir``,
+    ``dataflow.store``) and ``--set`` values stay relative to the working directory."""
+    base = base.resolve()
+    for keys, key in _INPUT_PATHS:
+        for table in _tables(data, keys):
+            if key in table:
+                table[key] = _anchor(table[key], base)
+    wf = data.get("workflow")
+    if isinstance(wf, dict) and isinstance(wf.get("agent"), str):
+        where, sep, fn = wf["agent"].rpartition(":")
+        if sep and where.endswith(".py"):
+            wf["agent"] = f"{_anchor(where, base)}:{fn}"
+    names = data.get("policies") if isinstance(data.get("policies"), dict) else {}
+    for policy in _tables(data, ("policies", "*")):
+        for key in ("model", "base"):  # a base may also name a policy: that is no path
+            model = policy.get(key)
+            if (
+                isinstance(model, str)
+                and ":" not in model
+                and not (key == "base" and model in names)
+                and (base / model).exists()
+            ):
+                policy[key] = _anchor(model, base)
+    return data
 
 
 def recipe_from_dict(

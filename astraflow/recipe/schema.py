@@ -13,7 +13,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from astraflow.engine_kinds import EngineKind
+from astraflow.engine_kinds import ADAPTER_ENGINE_KINDS, EngineKind
+
+#: ``dataflow.max_nodes`` by default: active nodes at once (``protocol.bounds.MAX_NODES``).
+MAX_NODES_DEFAULT = 1024
+#: The highest ``dataflow.max_nodes`` a recipe may set (one service measured to 4,096 nodes on
+#: two cores, see docs/architecture.md "How many nodes one service serves").
+MAX_NODES_CEILING = 65_536
 
 
 class Section(BaseModel):
@@ -54,6 +60,14 @@ class RunConfig(Section):
         le=300.0,
         description="Wait before a service's first restart; doubles with each one (max 60 s)",
     )
+    stall_s: float = Field(
+        default=120.0,
+        ge=0.0,
+        description=(
+            "Stop the run with the cause named when no optimizer step lands for this long while "
+            "every episode fails or every group is dropped (0: never)"
+        ),
+    )
 
     @property
     def run_dir(self) -> Path:
@@ -89,6 +103,22 @@ class LoraConfig(Section):
         return value
 
 
+class AdapterConfig(LoraConfig):
+    """``policies.NAME.lora`` of a policy with a ``base``: the policy *is* this LoRA adapter of the
+    base. Nodes serve every adapter of a base from one engine (the base weights once, requests of
+    different adapters in one batch); the adapter's weights alone are its versions (snapshots,
+    deltas and digests cover the adapter only)."""
+
+    shared_trainer: bool = Field(
+        default=True,
+        description=(
+            "Train this adapter in the one trainer process of its base, beside the base's other "
+            "shared adapters (the base loaded once; each adapter keeps its own optimizer, "
+            "version stream and checkpoints); false: a trainer process of its own"
+        ),
+    )
+
+
 class TrainerConfig(Section):
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = (
         "dapo"
@@ -115,6 +145,15 @@ class TrainerConfig(Section):
         default=None, description="Upper clip range (DAPO clip-higher)"
     )
     scale_rewards: Literal["group", "batch", "none"] = "group"
+    turn_discount: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="Turn-level credit: each generated turn's tokens get the group-normalised "
+        "discounted return from that turn on (sum over later turns k of turn_discount^(k-t) "
+        "r_k, per-turn rewards from the workflow); unset: one advantage per sample from its "
+        "total reward",
+    )
     importance_sampling_cap: float = Field(
         default=2.0, gt=0.0, description="Truncation of the behaviour/current importance ratio"
     )
@@ -163,8 +202,24 @@ class TrainerConfig(Section):
 
 
 class PolicyConfig(Section):
-    model: str = Field(
-        description="builtin:NAME, a Hugging Face model id or a local path", min_length=1
+    model: str | None = Field(
+        default=None,
+        description="builtin:NAME, a Hugging Face model id or a local path (or give base)",
+        min_length=1,
+    )
+    base: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "This policy is a LoRA adapter (see lora) of a base: a frozen policy of this recipe "
+            "or a model (builtin:NAME, hub id, path). Adapters of one base share one engine on "
+            "each node and, by default, one trainer process"
+        ),
+    )
+    lora: AdapterConfig | None = Field(
+        default=None,
+        description="With base: the adapter (r, alpha, dropout, target_modules, shared_trainer); "
+        "default: r 8, alpha 16, all-linear",
     )
     engine: EngineKind = "transformers"
     trainable: bool = True
@@ -176,6 +231,62 @@ class PolicyConfig(Section):
     max_lag: int | None = Field(
         default=None, ge=0, description="Per-policy admission bound; defaults to dataflow.max_lag"
     )
+    tool_parser: str = Field(
+        default="auto",
+        description="How this policy writes tool calls: hermes, llama3_json, mistral, pythonic "
+        "(or a plugin's parser), or 'auto' (read from the model's chat template)",
+    )
+
+    @model_validator(mode="after")
+    def _model_or_base(self) -> PolicyConfig:
+        if self.model is None and self.base is None:
+            raise ValueError(
+                'needs model = "builtin:NAME" (a hub id or a path), or base = "POLICY_OR_MODEL" '
+                "for a LoRA adapter of that base"
+            )
+        if self.model is not None and self.base is not None:
+            raise ValueError(
+                f"gives both model ({self.model!r}) and base ({self.base!r}): a full policy has a "
+                "model, a LoRA adapter a base; keep one"
+            )
+        if self.base is None:
+            if self.lora is not None:
+                raise ValueError(
+                    "lora is set but base is not: an adapter policy names its base "
+                    '(base = "POLICY_OR_MODEL"); to train a full policy through LoRA with '
+                    "merged weights use trainer.lora"
+                )
+            return self
+        if self.trainer.lora is not None:
+            raise ValueError(
+                "an adapter policy (base set) is already LoRA: configure it in lora, not "
+                "trainer.lora (which trains a full policy's adapters and ships merged weights)"
+            )
+        if self.engine not in ADAPTER_ENGINE_KINDS:
+            raise ValueError(
+                f"engine = {self.engine!r} cannot serve a LoRA adapter of a base; use one of "
+                f"{', '.join(ADAPTER_ENGINE_KINDS)}"
+            )
+        if not self.trainable:
+            raise ValueError(
+                "an adapter policy with trainable = false never leaves its initial weights (the "
+                "base's own outputs); serve the base itself as a frozen policy instead "
+                "(model = ..., trainable = false)"
+            )
+        if self.lora is None:
+            self.lora = AdapterConfig()
+        return self
+
+    @field_validator("tool_parser")
+    @classmethod
+    def _known_tool_parser(cls, name: str) -> str:
+        from astraflow.tools.parsers import AUTO, tool_parsers
+
+        if name != AUTO:
+            registry = tool_parsers()
+            if name not in registry:
+                raise ValueError(registry.unknown_message(name) + " (or 'auto')")
+        return name
 
 
 class TaskSetConfig(Section):
@@ -200,6 +311,14 @@ _LATENCY_PARAMS = {
 }
 
 
+class LatencyPhase(Section):
+    """One phase of a ``[tasks.env_latency]`` schedule: from trainer step ``from_step`` on (the
+    newest weight version the node has heard of), every delay is ``scale`` times its draw."""
+
+    from_step: int = Field(ge=0, description="First optimizer step of the phase")
+    scale: float = Field(gt=0.0, description="Factor on every delay drawn in the phase")
+
+
 class EnvLatencyConfig(Section):
     """``[tasks.env_latency]``: a per-call delay in front of every env (``envs.wrappers.latency``),
     e.g. to give a fast env the I/O-bound, long-tailed tool latency of real agentic tasks.
@@ -222,14 +341,29 @@ class EnvLatencyConfig(Section):
     seed: int | None = Field(
         default=None, ge=0, description="Seed of the delay streams; default run.seed"
     )
-    on: list[Literal["step", "reset"]] = Field(
-        default_factory=lambda: ["step"], description="Which env calls are delayed"
+    on: list[Literal["step", "reset", "tool_calls"]] = Field(
+        default_factory=lambda: ["step"],
+        description="Which env calls are delayed: every step, resets, or only the steps whose "
+        "action is tool calls (function-calling envs: the tools, not the final answer's grading)",
     )
     inner: Literal["thread", "inline"] = Field(
         default="thread",
         description="After an async delay, run a sync env in a thread pool or on the event loop "
         "(inline: only for envs whose calls take microseconds)",
     )
+    phases: list[LatencyPhase] = Field(
+        default_factory=list,
+        description="A load that changes during the run: from each phase's from_step on, delays "
+        "are scaled by its scale (1 before the first phase)",
+    )
+
+    @field_validator("phases")
+    @classmethod
+    def _phases_in_order(cls, v: list[LatencyPhase]) -> list[LatencyPhase]:
+        steps = [ph.from_step for ph in v]
+        if steps != sorted(set(steps)):
+            raise ValueError(f"phases must have increasing from_step values, got {steps}")
+        return v
 
     @model_validator(mode="after")
     def _params_fit_distribution(self) -> EnvLatencyConfig:
@@ -344,10 +478,40 @@ class DataflowConfig(Section):
         default=2,
         ge=0,
         description="Async backpressure: lease no training task while a trainable policy has "
-        "this many optimizer steps of groups buffered or in flight (0 = unbounded)",
+        "this many optimizer steps of groups buffered or in flight (0 = unbounded: no "
+        "admission bound at all)",
+    )
+    admission: Literal["pace", "buffer"] = Field(
+        default="pace",
+        description="Async admission of training work. 'pace': keep groups in flight plus "
+        "buffered within the optimizer steps the trainer needs to stay busy, ceil(group time / "
+        "step time) (measured: lease to complete group, batch served to acked), and never "
+        "more than buffer_steps or max_lag steps of groups, so samples are trained about as "
+        "fresh as the pipeline allows (one step at the start, before anything is measured). "
+        "'buffer': buffer_steps steps of groups, whatever the pace",
     )
     lease_timeout_s: float = Field(default=120.0, gt=0.0)
-    heartbeat_interval_s: float = Field(default=2.0, gt=0.0)
+    heartbeat_interval_s: float = Field(
+        default=2.0,
+        gt=0.0,
+        description="Each node's heartbeat interval, while the pool stays within "
+        "max_heartbeats_per_s; a larger pool is asked to heartbeat less often",
+    )
+    max_heartbeats_per_s: float = Field(
+        default=512.0,
+        gt=0.0,
+        description="Heartbeats a second the service asks of the whole pool: with more than "
+        "heartbeat_interval_s * max_heartbeats_per_s nodes (1,024 by default) each node is told "
+        "(at registration and in every heartbeat reply) to heartbeat every nodes / "
+        "max_heartbeats_per_s seconds instead, at most lease_timeout_s / 4",
+    )
+    max_nodes: int = Field(
+        default=MAX_NODES_DEFAULT,
+        ge=1,
+        le=MAX_NODES_CEILING,
+        description="Most rollout nodes registered (active) at once; 429 beyond. The node token "
+        "is shared by every node of a run, so this bounds the registrations one token can make",
+    )
     max_body_mb: float = Field(default=64.0, gt=0.0)
     policies: list[DataflowPolicyConfig] = Field(default_factory=list)
 
@@ -369,6 +533,63 @@ class RolloutConfig(Section):
         description="Limit of one env call; past it the env is closed (its sandbox killed) and "
         "the episode is recorded with finish_reason 'env_timeout'",
     )
+    checkpoint_after_s: float | None = Field(
+        default=None,
+        ge=0.0,
+        description="Save an episode in flight to the dataflow service once it has run this "
+        "long, then after a finished turn at most once per this many seconds, so that if its "
+        "node dies another node resumes it from the saved turn instead of playing it again "
+        "(resumable workflows such as single_agent over envs with state_dict, e.g. the math and "
+        "code envs); None: never saved",
+    )
+
+
+class AutoscaleConfig(Section):
+    """``[autoscale]``: the launcher grows and shrinks its rollout pool between ``min_nodes`` and
+    ``max_nodes`` from what ``GET /status`` says (:mod:`astraflow.launch.autoscale`).
+
+    It grows when the trainer waits for data (idle above ``target_trainer_idle``, or the groups
+    buffered and in flight below ``target_buffer_fill`` of the admission cap) while every node's
+    slots are taken; it shrinks when the groups in flight fit on one node fewer and the trainer is
+    fed. A decision must hold ``sustain`` intervals in a row and waits ``cooldown_s`` after the
+    previous change; a node leaves by draining (SIGTERM: it finishes or hands back its groups)."""
+
+    enabled: bool = Field(default=False, description="Run the control loop")
+    min_nodes: int = Field(default=1, ge=0, description="Fewest launcher nodes")
+    max_nodes: int = Field(default=4, ge=1, description="Most launcher nodes")
+    target_trainer_idle: float | None = Field(
+        default=None,
+        ge=0.0,
+        lt=1.0,
+        description="Grow while the trainer waits for batches more than this fraction of the time "
+        "(shrink only below half of it), e.g. 0.2; unset: not a target",
+    )
+    target_buffer_fill: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description="Grow while buffered + in-flight groups fill less than this fraction of the "
+        "admission cap (async mode), e.g. 0.9; unset: not a target",
+    )
+    cooldown_s: float = Field(default=30.0, ge=0.0, description="Seconds between two changes")
+    interval_s: float = Field(default=5.0, gt=0.0, description="Seconds between two decisions")
+    sustain: int = Field(
+        default=2, ge=1, description="Intervals in a row a grow or shrink must be called for"
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscaleConfig:
+        if self.min_nodes > self.max_nodes:
+            raise ValueError(
+                f"autoscale.min_nodes ({self.min_nodes}) is above autoscale.max_nodes "
+                f"({self.max_nodes})"
+            )
+        if self.enabled and self.target_trainer_idle is None and self.target_buffer_fill is None:
+            raise ValueError(
+                "autoscale is enabled with no target: set target_trainer_idle (e.g. 0.2) or "
+                "target_buffer_fill (e.g. 0.8)"
+            )
+        return self
 
 
 class EvaluationConfig(Section):
@@ -381,10 +602,33 @@ class EvaluationConfig(Section):
 
 
 class LoggingConfig(Section):
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_keys(cls, data: Any) -> Any:
+        # An old recipe's key that never had an effect: a clear error, not a silent no-op.
+        if isinstance(data, dict) and "log_every" in data:
+            raise ValueError(
+                "logging.log_every was removed: it never changed anything (every step is logged "
+                "to metrics.jsonl); delete the key from the recipe"
+            )
+        return data
+
     level: Literal["debug", "info", "warning", "error"] = "info"
     live: bool = Field(default=True, description="Live rich view in `astraflow train`")
     report: bool = Field(default=True, description="Write plots and summary at the end")
-    log_every: int = Field(default=1, ge=1)
+    dashboard: bool = Field(
+        default=True, description="`astraflow train` serves the web dashboard (address printed)"
+    )
+    dashboard_port: int = Field(
+        default=0, ge=0, le=65535, description="Port of the dashboard (0: a free one)"
+    )
+    transcripts_per_step: int = Field(
+        default=4,
+        ge=0,
+        le=256,
+        description="Finished episodes the dataflow keeps per weight version (and as many failed "
+        "ones) for `astraflow transcripts` and the dashboard (0: none)",
+    )
     backends: list[Literal["tensorboard", "wandb"]] = Field(
         default_factory=list,
         description="Experiment trackers fed from metrics.jsonl by the launcher: tensorboard "
@@ -517,6 +761,7 @@ class Recipe(Section):
     workflow: WorkflowConfig = Field(default_factory=WorkflowConfig)
     dataflow: DataflowConfig = Field(default_factory=DataflowConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    autoscale: AutoscaleConfig = Field(default_factory=AutoscaleConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)
@@ -549,6 +794,14 @@ class Recipe(Section):
                 f"ray.trainers names {unknown}, which are not trainable policies; trainable: "
                 f"{', '.join(self.trainable_policies()) or 'none'}"
             )
+        for group in self.trainer_processes():
+            inner = sorted(set(group[1:]) & set(self.ray.trainers))
+            if inner:
+                raise ValueError(
+                    f"ray.trainers names {inner}, adapters trained in the trainer process of "
+                    f"{group[0]!r} (with {', '.join(group[1:])}); place that process with "
+                    f"[ray.trainers.{group[0]}]"
+                )
         pooled = sum(p.nodes for p in self.ray.rollout_pools)
         if pooled > self.rollout.nodes:
             raise ValueError(
@@ -557,9 +810,125 @@ class Recipe(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _autoscale_fits(self) -> Recipe:
+        a = self.autoscale
+        if not a.enabled:
+            return self
+        if not a.min_nodes <= self.rollout.nodes <= a.max_nodes:
+            raise ValueError(
+                f"rollout.nodes ({self.rollout.nodes}) is the autoscaled pool's first size and "
+                f"must lie within autoscale.min_nodes..max_nodes ({a.min_nodes}..{a.max_nodes})"
+            )
+        if a.target_buffer_fill is not None and self.run.mode == "sync":
+            raise ValueError(
+                'autoscale.target_buffer_fill needs run.mode = "async" (lock-step rounds have '
+                "no admission cap to fill); use target_trainer_idle"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _adapters_fit_their_base(self) -> Recipe:
+        for name, p in self.policies.items():
+            if p.base is None or p.base not in self.policies:
+                continue
+            base = self.policies[p.base]
+            if base.base is not None:
+                raise ValueError(
+                    f"policies.{name}.base names policy {p.base!r}, itself an adapter of "
+                    f"{base.base!r}; adapters stack on a full model: set base = {base.base!r}"
+                )
+            if base.trainable:
+                raise ValueError(
+                    f"policies.{name}.base names policy {p.base!r}, which is trainable: its "
+                    "weights would move under its adapters; set "
+                    f"policies.{p.base}.trainable = false, or base = {base.model!r} (the model)"
+                )
+        for key, names in self.adapter_groups().items():
+            served = [key, *names] if key in self.policies else names
+            first = served[0]
+            for other in served[1:]:
+                for field in ("engine", "engine_args"):
+                    a = getattr(self.policies[first], field)
+                    b = getattr(self.policies[other], field)
+                    if a != b:
+                        raise ValueError(
+                            f"policies.{other}.{field} = {b!r} but policies.{first}.{field} = "
+                            f"{a!r}: the adapters of base {key!r} share one engine on each "
+                            "node, so they must agree"
+                        )
+        for group in self.trainer_processes():
+            if len(group) < 2:
+                continue
+            for name in group:
+                t = self.policies[name].trainer
+                if t.processes != 1 or t.accelerate_config is not None:
+                    raise ValueError(
+                        f"policies.{name}.trainer: processes = {t.processes} / accelerate_config "
+                        "needs a trainer process of its own, but the adapter shares one with "
+                        f"{', '.join(n for n in group if n != name)}; set "
+                        f"policies.{name}.lora.shared_trainer = false"
+                    )
+            for field in ("device", "dtype"):
+                values = {getattr(self.policies[n].trainer, field) for n in group}
+                if len(values) > 1:
+                    raise ValueError(
+                        f"trainer.{field} differs between {', '.join(group)} ({sorted(values)}), "
+                        "which share one trainer process (one base in memory); make them agree "
+                        "or set lora.shared_trainer = false on one"
+                    )
+        return self
+
     def trainable_policies(self) -> list[str]:
         return [n for n, p in self.policies.items() if p.trainable]
+
+    def model_of(self, policy: str) -> str:
+        """The model ``policy`` runs: its own, or its base's (an adapter's base policy or model)."""
+        p = self.policies[policy]
+        if p.model is not None:
+            return p.model
+        assert p.base is not None
+        base = self.policies.get(p.base)
+        return base.model if base is not None and base.model is not None else p.base
+
+    def adapter_groups(self) -> dict[str, list[str]]:
+        """Base key -> the adapter policies of that base, in recipe order."""
+        groups: dict[str, list[str]] = {}
+        for name, p in self.policies.items():
+            if p.base is not None:
+                groups.setdefault(p.base, []).append(name)
+        return groups
+
+    def trainer_processes(self) -> list[tuple[str, ...]]:
+        """The trainer processes of the run, each the trainable policies it trains (in recipe
+        order): one per full policy and per adapter with ``lora.shared_trainer = false``, one per
+        base for its shared adapters."""
+        groups: list[list[str]] = []
+        shared: dict[str, list[str]] = {}  # base key -> its shared group (a list in groups)
+        for name in self.trainable_policies():
+            p = self.policies[name]
+            if p.base is None or p.lora is None or not p.lora.shared_trainer:
+                groups.append([name])
+            elif p.base in shared:
+                shared[p.base].append(name)
+            else:
+                shared[p.base] = [name]
+                groups.append(shared[p.base])
+        return [tuple(g) for g in groups]
+
+    def trainer_process_of(self, policy: str) -> tuple[str, ...]:
+        """The policies trained in the same process as ``policy`` (itself included)."""
+        for group in self.trainer_processes():
+            if policy in group:
+                return group
+        raise ValueError(f"policy {policy!r} is not trainable; it has no trainer")
 
     def max_lag_for(self, policy: str) -> int:
         p = self.policies[policy]
         return self.dataflow.max_lag if p.max_lag is None else p.max_lag
+
+    def max_completion_length(self, policy: str) -> int:
+        """The most tokens ``policy`` generates in one episode (``sampling.max_tokens`` per turn,
+        ``workflow.max_turns`` turns): TRL's ``max_completion_length``, the ``dr_grpo`` loss's
+        normaliser. One definition, so the trainer and a TRL baseline normalise alike."""
+        return self.policies[policy].sampling.max_tokens * self.workflow.max_turns

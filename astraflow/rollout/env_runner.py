@@ -37,6 +37,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
+from astraflow.errors import AstraFlowError
+
 log = logging.getLogger("astraflow.rollout.env")
 
 #: The recipe key that sets the per-call limit (named in every timeout message).
@@ -45,7 +47,7 @@ TIMEOUT_KEY = "rollout.env_timeout_s"
 KILL_GRACE_S = 10.0
 
 
-class EnvCallTimeout(RuntimeError):
+class EnvCallTimeout(AstraFlowError, RuntimeError):
     """An env call ran past ``rollout.env_timeout_s``; the env has been closed to kill its work."""
 
     def __init__(self, call: str, limit_s: float, env_id: str | None = None):
@@ -368,6 +370,28 @@ class AsyncEnv:
             return await self._native("env.step", astep(action))
         return await self._sync("env.step", functools.partial(self.env.step, action))
 
+    @property
+    def saves_state(self) -> bool:
+        """Whether the env takes part in the optional state contract (``state_dict`` and
+        ``load_state_dict``, see :class:`envs.base.StateMixin`), through wrappers that declare
+        ``state_passthrough`` (they hold no episode state of their own)."""
+        return _state_holder(self.env) is not None
+
+    async def state_dict(self) -> dict | None:
+        """The env's state between turns (plain JSON), or None when it cannot save one. Runs in
+        the pool, bounded like every call."""
+        holder = _state_holder(self.env)
+        if holder is None:
+            return None
+        return await self._sync("env.state_dict", holder.state_dict)
+
+    async def load_state_dict(self, state: dict) -> None:
+        """Put this (fresh, never reset) env into a saved state; raises when it cannot."""
+        holder = _state_holder(self.env)
+        if holder is None:
+            raise RuntimeError(f"env {self.env_id} cannot load a saved state (no load_state_dict)")
+        await self._sync("env.load_state_dict", functools.partial(holder.load_state_dict, state))
+
     async def close(self) -> None:
         """Release the env. Idempotent. A close that runs past the limit is logged, not raised:
         the episode's data is complete by then, and the env is written off either way."""
@@ -442,3 +466,20 @@ class AsyncEnv:
             if getattr(self.env, "close", None) is None:
                 return
         await self._runner.kill(self.env, self.env_id)
+
+
+def _state_holder(env: Any) -> Any | None:
+    """The object whose ``state_dict``/``load_state_dict`` save ``env``'s episode: the env itself,
+    or the env under wrappers that declare ``state_passthrough = True``; None when there is
+    none."""
+    seen = 0
+    while env is not None and seen < 16:
+        if callable(getattr(env, "state_dict", None)) and callable(
+            getattr(env, "load_state_dict", None)
+        ):
+            return env
+        if not getattr(type(env), "state_passthrough", False):
+            return None
+        env = getattr(env, "env", None)
+        seen += 1
+    return None

@@ -1,6 +1,7 @@
 """The rollout process (``astraflow serve rollout``): engines for the recipe's policies, one node.
 
-The process builds one inference engine per policy the workflow uses, then runs a
+The process builds one inference engine per policy the workflow uses (one per base for the LoRA
+adapter policies of a base, :func:`build_policies`), then runs a
 :class:`~astraflow.rollout.node.RolloutNode` (lease, run workflow groups, push, fetch weights)
 until the run is done, a SIGTERM drains it, or its engine dies (exit status
 :data:`EXIT_ENGINE_DEAD`).
@@ -66,10 +67,13 @@ def _sampling(policy_cfg):
 
 
 def build_policies(recipe: Recipe, opts: NodeOptions) -> dict[str, Any]:
-    """One engine per policy the workflow's roles need (optionally filtered by ``--policies``)."""
-    from astraflow.models import resolve_model
-    from astraflow.rollout.engines import make_engine
-    from astraflow.rollout.node import ServedPolicy
+    """One :class:`RolePolicy` (engine and default sampling) per policy the workflow's roles need
+    (optionally filtered by ``--policies``).
+
+    The LoRA adapter policies of one base (``policies.X.base``), and the base policy itself when
+    the workflow plays it, share one engine: the base's weights are loaded once and requests of
+    every adapter are batched together (:mod:`astraflow.rollout.engines.adapters`)."""
+    from astraflow.rollout.workflows.base import RolePolicy
 
     wanted = set(recipe.workflow.roles.values())
     if opts.policies:
@@ -79,19 +83,65 @@ def build_policies(recipe: Recipe, opts: NodeOptions) -> dict[str, Any]:
                 f"--policies names unknown policies {unknown}; recipe has {sorted(recipe.policies)}"
             )
         wanted &= set(opts.policies)
+    engines: dict[str, Any] = {}
+    groups = recipe.adapter_groups()
+    for key, adapters in groups.items():
+        mine = [a for a in adapters if a in wanted]
+        with_base = key in recipe.policies and key in wanted
+        if mine:
+            engines.update(_adapter_engines(recipe, opts, key, mine, with_base))
     served = {}
     for name in sorted(wanted):
         cfg = recipe.policies[name]
-        kind = opts.engine or cfg.engine
-        args = dict(cfg.engine_args)
-        if kind == "transformers":
-            args.setdefault("device", opts.device or recipe.rollout.device)
-            args.setdefault("num_threads", opts.torch_threads)
-        # an openai engine names a served model; the others load a checkpoint
-        model = cfg.model if kind == "openai" else resolve_model(cfg.model)
-        engine = make_engine(kind, model, **args)
-        served[name] = ServedPolicy(name, engine, _sampling(cfg), cfg.trainable)
+        engine = engines.get(name) or _engine(recipe, opts, name, cfg.model)
+        served[name] = RolePolicy(name, engine, _sampling(cfg), cfg.trainable, cfg.tool_parser)
     return served
+
+
+def _engine_args(recipe: Recipe, opts: NodeOptions, name: str) -> tuple[str, dict[str, Any]]:
+    cfg = recipe.policies[name]
+    kind = opts.engine or cfg.engine
+    args = dict(cfg.engine_args)
+    if kind == "transformers":
+        args.setdefault("device", opts.device or recipe.rollout.device)
+        args.setdefault("num_threads", opts.torch_threads)
+    return kind, args
+
+
+def _engine(recipe: Recipe, opts: NodeOptions, name: str, model: str, **extra: Any):
+    from astraflow.models import resolve_model
+    from astraflow.rollout.engines import make_engine
+
+    kind, args = _engine_args(recipe, opts, name)
+    # an openai engine names a served model; the others load a checkpoint
+    path = model if kind == "openai" else resolve_model(model)
+    return make_engine(kind, path, **args, **extra)
+
+
+def _adapter_engines(
+    recipe: Recipe, opts: NodeOptions, base: str, adapters: list[str], with_base: bool
+) -> dict[str, Any]:
+    """One engine for the adapter policies ``adapters`` of ``base`` (and the base policy when
+    ``with_base``), as one :class:`~astraflow.rollout.engines.adapters.AdapterEngine` each."""
+    from astraflow.engine_kinds import ADAPTER_ENGINE_KINDS
+    from astraflow.models.lora import adapter_specs
+    from astraflow.rollout.engines.adapters import adapter_engines
+
+    kind, _ = _engine_args(recipe, opts, adapters[0])
+    if kind not in ADAPTER_ENGINE_KINDS:
+        raise ValueError(
+            f"--engine {kind} cannot serve the LoRA adapters {', '.join(adapters)} of {base!r}; "
+            f"use one of {', '.join(ADAPTER_ENGINE_KINDS)}"
+        )
+    engine = _engine(
+        recipe, opts, adapters[0], recipe.model_of(adapters[0]),
+        adapters=adapter_specs(recipe, adapters),
+    )  # fmt: skip
+    faces: dict[str, str | None] = {name: name for name in adapters}
+    if with_base:
+        faces[base] = None
+    log.info("one %s engine for base %s serves %s", kind, base, ", ".join(faces))
+    return adapter_engines(engine, faces)
 
 
 def run_node(opts: NodeOptions) -> int:
@@ -137,13 +187,19 @@ async def _run(opts: NodeOptions) -> int:
         def make_env(env_id: str, kwargs: dict[str, Any]):
             return envs.make(env_id, **{**recipe.tasks.env_kwargs, **kwargs})
 
+        latest: dict[str, int] = {}
         if recipe.tasks.env_latency is not None:
             # [tasks.env_latency]: every env gets a delay stream of its own, seeded by the run
             # seed, this node's name and the env's number (envs/wrappers/latency.py).
             from envs.wrappers.latency import LatencyEnvFactory
 
             make_env = LatencyEnvFactory(
-                make_env, recipe.tasks.env_latency, seed=recipe.run.seed, stream=opts.name
+                make_env,
+                recipe.tasks.env_latency,
+                seed=recipe.run.seed,
+                stream=opts.name,
+                # the phase of a changing load follows training: the newest version heard of
+                step=lambda: max(latest.values(), default=0),
             )
 
         weight_clients: dict[str, Any] = {}
@@ -171,8 +227,10 @@ async def _run(opts: NodeOptions) -> int:
             drain_timeout_s=opts.drain_timeout_s,
             env_workers=opts.env_workers or recipe.rollout.env_workers,
             env_timeout_s=opts.env_timeout_s or recipe.rollout.env_timeout_s,
+            checkpoint_after_s=recipe.rollout.checkpoint_after_s,
         )
         node = RolloutNode(client, policies, workflows.get, make_env, settings, fetch)
+        latest = node.latest  # (read by the latency schedule's step, one dict shared)
         try:
             stats = await node.run()
         except EngineFailure as exc:

@@ -2,7 +2,8 @@
 
 Every connection is outbound (to the dataflow service and to weight stores), so a node behind NAT in
 another region works unchanged. A node owns nothing durable: if it dies, its leases expire and other
-nodes redo the work; the dataflow service's first-finisher-wins rule keeps every task counted once.
+nodes redo the work (resuming the episodes it saved in flight, ``rollout.checkpoint_after_s``); the
+dataflow service's first-finisher-wins rule keeps every task counted once.
 """
 
 from __future__ import annotations
@@ -15,37 +16,34 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from astraflow.errors import AstraFlowError
 from astraflow.protocol import (
     Episode,
     Heartbeat,
     Lease,
     LeaseRequest,
     NodeRegistration,
+    PartialEpisode,
+    PartialPush,
     Task,
     TrajectoryPush,
     new_id,
 )
-from astraflow.protocol.client import DataflowClient, ServiceUnreachable
-from astraflow.rollout.engines.base import Engine, EngineDeadError, SamplingParams, WeightUpdate
+from astraflow.protocol.client import DataflowClient, NotFoundError, ServiceUnreachable
+from astraflow.rollout.engines.base import EngineDeadError, WeightUpdate
 from astraflow.rollout.env_runner import EnvCallTimeout, EnvRunner
-from astraflow.rollout.workflows.base import RolePolicy, WorkflowSpec
+from astraflow.rollout.workflows.base import EpisodeSaver, RolePolicy, WorkflowSpec
 from astraflow.weights.delta import DeltaError
 
 log = logging.getLogger("astraflow.rollout.node")
 
 
-class EngineFailure(RuntimeError):
+class NodeDeregistered(AstraFlowError, RuntimeError):
+    """The service answered that this node is unknown or has left: the node must start again."""
+
+
+class EngineFailure(AstraFlowError, RuntimeError):
     """The inference engine is broken; the node stops taking work so its leases expire."""
-
-
-@dataclass
-class ServedPolicy:
-    """One policy this node serves: its engine and default sampling."""
-
-    name: str
-    engine: Engine
-    sampling: SamplingParams
-    trainable: bool = True
 
 
 @dataclass
@@ -62,6 +60,8 @@ class NodeStats:
     weight_fetch_s: float = 0.0
     weight_load_s: float = 0.0
     weight_sync_s_total: float = 0.0
+    #: episodes in flight saved to the service (``POST /partials``, accepted)
+    checkpoints: int = 0
     started: float = field(default_factory=time.time)
 
     def as_metrics(self) -> dict[str, float]:
@@ -83,7 +83,13 @@ class NodeStats:
 
 @dataclass
 class NodeSettings:
+    #: episodes in flight on this node (recipe ``rollout.concurrency``): the node leases a group
+    #: only while its busy episodes plus the group's fit; one group larger than this runs alone
     concurrency: int = 16
+    #: episodes per training task (recipe ``tasks.group_size``; None: as the service says at
+    #: registration): the node asks for work only while a whole group fits its free slots
+    #: (evaluation tasks, one episode each, fill in the rest)
+    group_size: int | None = None
     name: str = ""
     region: str = "local"
     #: workflow kwargs from the recipe (max_turns, system prompt ...)
@@ -105,6 +111,11 @@ class NodeSettings:
     env_workers: int = 32
     #: limit of one env call (recipe ``rollout.env_timeout_s``; None = unbounded)
     env_timeout_s: float | None = 120.0
+    #: save an episode in flight (``POST /partials``) once it has run this long, then at most once
+    #: per this many seconds, after a finished turn (recipe ``rollout.checkpoint_after_s``; None:
+    #: never). Only workflows that can resume (``WorkflowSpec.resumable``) over envs that can save
+    #: their state are saved; a lease carrying saved episodes is resumed whatever this says.
+    checkpoint_after_s: float | None = None
 
 
 class RolloutNode:
@@ -113,7 +124,7 @@ class RolloutNode:
     def __init__(
         self,
         client: DataflowClient,
-        policies: Mapping[str, ServedPolicy],
+        policies: Mapping[str, RolePolicy],
         workflows: Callable[[str], WorkflowSpec],
         make_env: Callable[[str, dict[str, Any]], Any] | EnvRunner,
         settings: NodeSettings,
@@ -141,10 +152,15 @@ class RolloutNode:
         self.heartbeat_s = 2.0
         self.latest: dict[str, int] = {}
         self.locations: dict[str, str] = {}
+        #: digest of each policy's latest version, as announced
+        self.digests: dict[str, str] = {}
+        #: digest of the weights each engine loaded from the store (None: the model's own)
+        self._loaded: dict[str, str | None] = {}
         self._in_flight: dict[str, asyncio.Task] = {}
         #: leases whose group is generated and whose push is under way: a drain waits for these
         self._pushing: set[str] = set()
         self._busy_slots = 0
+        self.group_size = settings.group_size or 1
         self._stopping = asyncio.Event()
         self._release_now = asyncio.Event()
         self._done = asyncio.Event()
@@ -182,6 +198,7 @@ class RolloutNode:
         )
         self.node_id = reg.node_id
         self.heartbeat_s = reg.heartbeat_interval_s
+        self.group_size = self.settings.group_size or reg.group_size or 1
         self.latest.update(reg.latest_versions)
         log.info("registered as %s (heartbeat %.1fs)", self.node_id, self.heartbeat_s)
         loop = asyncio.get_running_loop()
@@ -275,6 +292,15 @@ class RolloutNode:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _node_gone(self, exc: NotFoundError) -> None:
+        """The service no longer knows this node (deregistered, or a store without it): fail, so
+        the process exits non-zero and its supervisor starts a fresh node that registers again,
+        instead of a live process that never gets work."""
+        if "node_id" in exc.fields:
+            self._fail(NodeDeregistered(f"node {self.node_id} was deregistered: {exc.detail}"))
+        else:
+            log.warning("request refused: %s", exc)
+
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
             self._failure = exc
@@ -293,12 +319,19 @@ class RolloutNode:
                         metrics=self.stats.as_metrics(),
                     ),
                 )
-                self._note_versions(reply.latest_versions, reply.weight_locations)
+                self._note_versions(
+                    reply.latest_versions, reply.weight_locations, reply.weight_digests
+                )
                 self._drop_lost(reply.lost)
+                if reply.heartbeat_interval_s:  # a larger pool is asked to heartbeat less often
+                    self.heartbeat_s = reply.heartbeat_interval_s
                 if reply.stop:
                     self._done.set()
             except asyncio.CancelledError:
                 raise
+            except NotFoundError as exc:
+                self._node_gone(exc)
+                return
             except Exception as exc:  # network trouble: keep trying, leases may expire meanwhile
                 log.warning("heartbeat failed: %s", exc)
             await asyncio.sleep(self.heartbeat_s)
@@ -313,14 +346,32 @@ class RolloutNode:
                 task.cancel()
 
     def _note_versions(
-        self, latest: dict[str, int], locations: dict[str, str] | None = None
+        self,
+        latest: dict[str, int],
+        locations: dict[str, str] | None = None,
+        digests: dict[str, str] | None = None,
     ) -> None:
         """Record announced versions; wake the weight loop when a served policy fell behind."""
         self.latest.update(latest)
         self.locations.update(locations or {})
-        # older than held: the trainer restarted from a checkpoint and this policy rewound
-        if any(self.latest.get(n, 0) != p.engine.version for n, p in self.policies.items()):
+        self.digests.update(digests or {})
+        # older than held: the trainer restarted from a checkpoint and this policy rewound;
+        # same number, other digest: it rewound and was retrained while this node was away
+        if any(
+            self.latest.get(n, 0) != p.engine.version or self._stale(n)
+            for n, p in self.policies.items()
+        ):
             self._new_version.set()
+
+    def _stale(self, name: str) -> bool:
+        """The engine holds the latest version's number but not its weights (another digest)."""
+        loaded, announced = self._loaded.get(name), self.digests.get(name)
+        return (
+            loaded is not None
+            and announced is not None
+            and loaded != announced
+            and self.policies[name].engine.version == self.latest.get(name)
+        )
 
     async def _weights_loop(self) -> None:
         """Fetch and apply new weights as soon as they are announced (between generations)."""
@@ -349,15 +400,23 @@ class RolloutNode:
             for name, served in self.policies.items():
                 want = self.latest.get(name, 0)
                 have = served.engine.version
-                if want == have or name not in self.locations:
+                stale = self._stale(name)
+                if (want == have and not stale) or name not in self.locations:
                     continue
+                if stale:
+                    log.warning(
+                        "policy %s: v%d here is not the announced v%d (digest %s, announced %s): "
+                        "the timeline rewound meanwhile; reloading",
+                        name, have, want, self._loaded.get(name), self.digests.get(name),
+                    )  # fmt: skip
                 t0 = time.perf_counter()
-                # going back (a rewound timeline) takes the full snapshot: no delta leads there
+                # going back (a rewound timeline) takes the full snapshot: no delta leads there,
+                # nor from weights that are not the store's version of that number
                 update = await asyncio.to_thread(
                     self.weight_fetcher,
                     name,
                     self.locations[name],
-                    have if want > have else None,
+                    have if want > have and not stale else None,
                     want,
                 )
                 fetched = time.perf_counter()
@@ -379,6 +438,7 @@ class RolloutNode:
                             f"engine for {name} failed to load version {want}: {exc}"
                         ) from exc
                 done = time.perf_counter()
+                self._loaded[name] = getattr(update, "digest", None)
                 self.stats.weight_updates += 1
                 self.stats.weight_fetch_s = fetched - t0
                 self.stats.weight_load_s = done - fetched
@@ -401,7 +461,9 @@ class RolloutNode:
 
         The service does the waiting: a request parks there up to ``lease_wait_s`` and is answered
         the moment work this node may take appears, so an empty reply means nothing came up and
-        the loop asks again straight away. While every slot is busy the loop waits for one to free.
+        the loop asks again straight away. While a whole group does not fit the free episode slots
+        (``concurrency`` minus the episodes in flight) the loop waits for a group to finish; the
+        request carries the free slots as ``max_episodes``, so the grant never exceeds them.
         A parked request is never cancelled from here: httpcore can leak a pooled connection when
         a request is cancelled mid-response, and a node that re-asked on every new version ran its
         pool dry. Instead the service answers a parked request at once when a version this node
@@ -410,7 +472,7 @@ class RolloutNode:
         backoff = 0.0
         key: str | None = None
         while not self._stopping.is_set() and not self._done.is_set():
-            free = self.settings.concurrency - self._busy_slots
+            free = self._free_slots()
             if free <= 0:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
@@ -419,7 +481,8 @@ class RolloutNode:
             self._weights_changed.clear()
             request = LeaseRequest(
                 node_id=self.node_id,
-                max_tasks=free,
+                max_tasks=min(free, 4096),
+                max_episodes=free,
                 versions=self.versions(),
                 idempotency_key=key,
                 wait_s=self.settings.lease_wait_s,
@@ -429,6 +492,9 @@ class RolloutNode:
                 grant = await self.client.lease(request)
             except asyncio.CancelledError:
                 raise
+            except NotFoundError as exc:
+                self._node_gone(exc)
+                return
             except Exception as exc:  # network trouble: bounded backoff, same key
                 backoff = min(max(0.5, backoff * 2), 10.0)
                 log.warning("lease request failed: %s (retrying in %.1fs)", exc, backoff)
@@ -438,7 +504,7 @@ class RolloutNode:
             # news since the request was sent (a heartbeat may have brought it to self.latest
             # meanwhile; the service answered because the request had not seen it)
             news = any(known.get(n) != v for n, v in grant.latest_versions.items())
-            self._note_versions(grant.latest_versions, grant.weight_locations)
+            self._note_versions(grant.latest_versions, grant.weight_locations, grant.weight_digests)
             if grant.done:
                 # wait for in-flight work (each task leaves _in_flight when it ends), then leave
                 while self._in_flight:
@@ -465,7 +531,7 @@ class RolloutNode:
                         await asyncio.wait_for(
                             self._weights_changed.wait(), timeout=self.settings.lease_wait_s
                         )
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
                 elif early and not news:
                     backoff = min(max(0.5, backoff * 2), 10.0)
@@ -478,12 +544,21 @@ class RolloutNode:
                 task = asyncio.create_task(self._run_lease(lease, slots), name=lease.id)
                 self._in_flight[lease.id] = task
 
+    def _free_slots(self) -> int:
+        """Episode slots this node may lease now: 0 until a whole group fits. An idle node whose
+        ``concurrency`` is below the group size may still take one group (it runs alone)."""
+        concurrency, group = self.settings.concurrency, self.group_size
+        if self._busy_slots == 0:
+            return max(concurrency, group)
+        free = concurrency - self._busy_slots
+        return free if free >= group else 0
+
     def _slots(self, task: Task) -> int:
-        return min(task.group_size, self.settings.concurrency)
+        return task.group_size
 
     async def _run_lease(self, lease: Lease, slots: int) -> None:
         try:
-            episodes = await self._run_group(lease.task)
+            episodes = await self._run_group(lease)
             # One push object per lease: every retry sends the same idempotency key and the same
             # episode ids, so the service stores the group at most once.
             push = TrajectoryPush(
@@ -526,8 +601,15 @@ class RolloutNode:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    async def _run_group(self, task: Task) -> list[Episode]:
-        spec = self.workflows(task.workflow)
+    async def _run_group(self, lease: Lease) -> list[Episode]:
+        task = lease.task
+        try:
+            spec = self.workflows(task.workflow)
+        except Exception as exc:
+            # A task this node cannot run (a workflow name no registry knows) is pushed as failed
+            # episodes, not dropped: the service counts and shows the error, and the launcher's
+            # stall check stops a run whose every task fails this way, naming the message.
+            return self._failed_group(task, exc)
         roles = self.settings.roles or {r: r for r in spec.roles}
         # a workflow without fixed roles (openai_agent) plays every role the recipe maps
         wanted = spec.roles or tuple(roles)
@@ -542,18 +624,90 @@ class RolloutNode:
         for role in wanted:
             served = self.policies[roles[role]]
             sampling = replace(served.sampling, priority=started)
-            by_role[role] = RolePolicy(served.name, served.engine, sampling, served.trainable)
+            by_role[role] = replace(served, sampling=sampling)
         kwargs = {**spec.defaults, **self.settings.workflow_kwargs}
+        saved = {p.index: p for p in lease.partials}
+        if saved:
+            log.info(
+                "lease %s resumes %d saved episode(s) of task %s", lease.id, len(saved), task.id
+            )
+        playing = [task.group_size]  # episodes of the group not finished yet
         episodes = await asyncio.gather(
-            *(self._one_episode(spec, task, by_role, kwargs) for _ in range(task.group_size))
+            *(
+                self._one_episode(
+                    spec, task, by_role, kwargs, self._saver(spec, lease, i, saved), playing
+                )
+                for i in range(task.group_size)
+            )
         )
         return list(episodes)
 
-    async def _one_episode(self, spec: WorkflowSpec, task: Task, by_role, kwargs) -> Episode:
+    def _saver(
+        self, spec: WorkflowSpec, lease: Lease, index: int, saved: dict[int, PartialEpisode]
+    ) -> EpisodeSaver | None:
+        """Episode ``index``'s link to its saved turns (None: the workflow cannot resume)."""
+        if not spec.resumable:
+            return None
+
+        async def send(partial: PartialEpisode) -> bool:
+            return await self._save_partial(lease.id, partial)
+
+        return EpisodeSaver(index, saved.get(index), self.settings.checkpoint_after_s, send)
+
+    async def _save_partial(self, lease_id: str, partial: PartialEpisode) -> bool:
+        """Hand one saved episode to the service; a failure costs only the save (never raises)."""
         try:
+            result = await self.client.save_partials(
+                PartialPush(node_id=self.node_id, lease_id=lease_id, partials=[partial])
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("saving episode %d of %s failed: %s", partial.index, lease_id, exc)
+            return False
+        if not result.accepted:
+            log.info("save of episode %d of %s refused: %s", partial.index, lease_id, result.reason)
+            return False
+        self.stats.checkpoints += 1
+        return True
+
+    def _failed_group(self, task: Task, exc: Exception) -> list[Episode]:
+        message = f"{type(exc).__name__}: {exc}"[:8000]
+        self.stats.errors += task.group_size
+        log.warning("task %s cannot run: %s", task.id, message)
+        return [
+            Episode(task_id=task.id, finish_reason="error", error=message)
+            for _ in range(task.group_size)
+        ]
+
+    async def _one_episode(
+        self,
+        spec: WorkflowSpec,
+        task: Task,
+        by_role,
+        kwargs,
+        saver: EpisodeSaver | None = None,
+        playing: list[int] | None = None,
+    ) -> Episode:
+        """One episode of a group; ``playing`` counts the group's episodes still running (a
+        finished episode is saved whole only while others of its group still play: the last one
+        is pushed with the group at once)."""
+        if saver is not None and saver.resume is not None and saver.resume.finished is not None:
+            # it ended on the node that saved it, whose group never reached the service
+            self.stats.episodes += 1
+            if playing is not None:
+                playing[0] -= 1
+            return saver.resume.finished
+        try:
+            if saver is not None:
+                kwargs = {**kwargs, "saver": saver}
             episode = await spec.fn(task, by_role, self.make_env, **kwargs)
             self.stats.episodes += 1
             self.stats.tokens += sum(len(t.tokens) for t in episode.trajectories)
+            if playing is not None:
+                playing[0] -= 1
+            if saver is not None and playing is not None and playing[0] > 0:
+                await saver.finished(episode)
             return episode
         except EngineFailure:
             raise

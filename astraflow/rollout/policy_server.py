@@ -26,6 +26,8 @@ class PolicyServerOptions:
     device: str = "auto"
     torch_threads: int = 1
     engine_args: dict[str, Any] = field(default_factory=dict)
+    #: how the model writes tool calls (a registered parser name, or "auto": its chat template)
+    tool_parser: str = "auto"
 
 
 def checkpoint_version(path: str) -> int:

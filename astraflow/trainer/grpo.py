@@ -12,7 +12,8 @@ What the override feeds TRL (one batch = one optimizer step; ``num_iterations`` 
   (right-padded) straight from the samples' tokens, never re-tokenized;
 * ``tool_mask`` = the samples' loss mask over the completion: env/tool tokens stay in attention but
   carry no loss (TRL multiplies ``completion_mask * tool_mask`` for the loss and its normalisers);
-* ``advantages``: group-normalised (or the dataflow's) advantage x staleness weight, and, with the
+* ``advantages``: group-normalised (or the dataflow's) advantage x staleness weight (per token
+  with ``trainer.turn_discount``: each turn's normalised discounted return), and, with the
   off-policy correction on (default), x the truncated importance ratio
   ``min(pi_prox / pi_behaviour, cap)`` per token, computed exactly as TRL's
   ``vllm_importance_sampling_*`` path would (modes ``token_truncate`` (default), ``token_mask``,
@@ -53,12 +54,13 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from astraflow.models.lora import TRAINER_ADAPTER, AdapterSpec, peft_lora_config
 from astraflow.protocol import Batch
 from astraflow.protocol.ranks import RankPayload
-from astraflow.recipe.schema import LoraConfig, TrainerConfig
+from astraflow.recipe.schema import TrainerConfig
 from astraflow.trainer.checkpoints import CheckpointMark, newest_complete, write_mark
 from astraflow.trainer.rank_share import share_from_main
-from astraflow.trainer.samples import AdvantageMode, CollatedBatch, collate_batch
+from astraflow.trainer.samples import CollatedBatch, collate_batch
 from astraflow.trainer.source import BatchSource, SourceExhausted
 
 #: ``publish(version, state_dict)``: tensors are live views, valid only during the call.
@@ -108,6 +110,11 @@ class AstraGRPOTrainer(GRPOTrainer):
 
     #: M2PO second-moment bound (``trainer.off_policy = "m2po"``); None: TRL's truncation
     m2po_threshold: float | None = None
+    #: the policy is a LoRA adapter of a base (``policies.X.base``): its versions are the
+    #: adapter's tensors alone, not merged weights
+    adapter_only: bool = False
+    #: turn-level credit (``trainer.turn_discount``): per-token advantages from per-turn returns
+    turn_discount: float | None = None
 
     def __init__(
         self,
@@ -122,7 +129,6 @@ class AstraGRPOTrainer(GRPOTrainer):
         on_step: Callable[[StepReport], None] | None = None,
         publish_every: int = 1,
         publish_on_start: bool = True,
-        advantage_mode: AdvantageMode = "auto",
         max_staleness: int | None = None,
         callbacks: list[TrainerCallback] | None = None,
         peft_config: Any = None,
@@ -146,7 +152,6 @@ class AstraGRPOTrainer(GRPOTrainer):
         self.publish_fn = publish
         self.on_step = on_step
         self.publish_every = publish_every
-        self.advantage_mode = advantage_mode
         self.max_staleness = max_staleness
         self._pending: tuple[Batch, CollatedBatch, float] | None = None
         self._correcting: dict[str, Any] | None = None  # the micro-batch whose loss is computing
@@ -180,6 +185,16 @@ class AstraGRPOTrainer(GRPOTrainer):
     def version(self) -> int:
         """Version of the weights held now (= optimizer steps taken, across resumes)."""
         return int(self.state.global_step)
+
+    def model_facts(self) -> dict[str, int | None]:
+        """What the dataflow service checks pushed tokens against (announced with each
+        version): the vocabulary size and, when the model has one, its context length."""
+        config = self.model.config.get_text_config()
+        positions = getattr(config, "max_position_embeddings", None)
+        return {
+            "vocab_size": int(config.vocab_size),
+            "context_length": int(positions) if isinstance(positions, int) else None,
+        }
 
     def _fetch_batch(self) -> tuple[Batch, CollatedBatch]:
         """Pull (main process), share with every process, collate this process's groups."""
@@ -218,11 +233,11 @@ class AstraGRPOTrainer(GRPOTrainer):
                 pad_token_id=self._tokenizer.pad_token_id,
                 trainer_version=self.version,
                 scale_rewards=self.scale_rewards,
-                advantage_mode=self.advantage_mode,
                 max_staleness=self.max_staleness,
                 vocab_size=vocab,
                 pad_rows_to_multiple_of=self.args.steps_per_generation,
                 min_rows=rows,
+                turn_discount=self.turn_discount,
             )
             trainable = torch.tensor(
                 float(collated.loss_mask.sum()), device=self.accelerator.device
@@ -240,6 +255,7 @@ class AstraGRPOTrainer(GRPOTrainer):
                     },
                     trained=False,
                     checkpoint_version=self._checkpoint_version,
+                    invalid_samples=collated.invalid,
                 )
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -475,7 +491,13 @@ class AstraGRPOTrainer(GRPOTrainer):
         for reason, count in collated.skipped.items():
             metrics[f"skipped/{reason}"] = float(count)
         if self.accelerator.is_main_process:
-            self.source.ack(batch.id, version, metrics, checkpoint_version=self._checkpoint_version)
+            self.source.ack(
+                batch.id,
+                version,
+                metrics,
+                checkpoint_version=self._checkpoint_version,
+                invalid_samples=collated.invalid,
+            )
             if self.on_step is not None:
                 self.on_step(
                     StepReport(
@@ -509,11 +531,20 @@ class AstraGRPOTrainer(GRPOTrainer):
     def state_dict_for_publication(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) weights, as ``save_pretrained`` would write them. Collective call.
 
-        With LoRA these are the base model's weights with the adapters merged in (keys of the
-        base model), so every engine loads them like a full fine-tune's; see :func:`merged_lora_state`.
+        With ``trainer.lora`` these are the base model's weights with the adapters merged in (keys
+        of the base model), so every engine loads them like a full fine-tune's; see
+        :func:`merged_lora_state`. An adapter policy (:attr:`adapter_only`) publishes its adapter
+        alone, keyed as peft saves it (:func:`astraflow.models.lora.adapter_state`).
         """
         state = self.accelerator.get_state_dict(self.model)
         model = self.accelerator.unwrap_model(self.model)
+        if self.adapter_only:
+            from peft import get_peft_model_state_dict
+
+            adapter = get_peft_model_state_dict(
+                model, state_dict=state, adapter_name=TRAINER_ADAPTER, save_embedding_layers=False
+            )
+            return {k: v.detach() for k, v in adapter.items()}
         if _is_peft(model):
             return merged_lora_state(model, state)
         return {k: v.detach() for k, v in state.items()}
@@ -611,25 +642,6 @@ def merged_lora_state(
     return out
 
 
-def lora_peft_config(lora: LoraConfig) -> Any:
-    """The ``peft.LoraConfig`` of a recipe's ``trainer.lora`` section (causal LM, no bias)."""
-    try:
-        import peft
-    except ImportError as exc:
-        raise ValueError(
-            "trainer.lora needs peft, which is not installed; install it with "
-            "`pip install 'astraflow[lora]'` (or `pip install peft`)"
-        ) from exc
-    return peft.LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=lora.target_modules,
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-
-
 def _resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -641,6 +653,12 @@ def _resolve_device(device: str) -> str:
         # One process uses one device; a launcher picks it with CUDA_VISIBLE_DEVICES.
         return "cuda"
     raise ValueError(f"trainer.device={device!r}; expected auto, cpu, cuda or cuda:N")
+
+
+def resolve_precision(cfg: TrainerConfig) -> tuple[str, torch.dtype]:
+    """(device, parameter dtype) a trainer with ``cfg`` loads its model with."""
+    device = _resolve_device(cfg.device)
+    return device, _resolve_dtype(cfg.dtype, device)[0]
 
 
 def _resolve_dtype(dtype: str, device: str) -> tuple[torch.dtype, bool, bool]:
@@ -748,11 +766,18 @@ def build_trainer(
     temperature: float = 1.0,
     max_completion_length: int = 512,
     max_staleness: int | None = None,
-    advantage_mode: AdvantageMode = "auto",
     torch_threads: int = 1,
     micro_batches: int = 1,
+    adapter: AdapterSpec | None = None,
+    base_model: Any = None,
 ) -> AstraGRPOTrainer:
     """An :class:`AstraGRPOTrainer` for ``policy``, ready for ``.run()``.
+
+    ``adapter``: the policy is that LoRA adapter of the model at ``model_path`` (its base); it
+    starts from :func:`~astraflow.models.lora.init_adapter_`'s weights, the same a node's engine
+    starts from, and publishes the adapter alone. ``base_model``: the model object to train on
+    instead of loading ``model_path`` (a trainer of several adapters hands each a copy of one
+    base whose tensors they share, :class:`~astraflow.trainer.adapters.SharedBase`).
 
     ``model_path``: ``builtin:NAME``, a local directory or a hub id (resolved with
     :func:`astraflow.models.resolve_model`). Checkpoints (HF format + optimizer/scheduler/trainer
@@ -773,7 +798,10 @@ def build_trainer(
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=param_dtype)
+    if base_model is not None:
+        model = base_model
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=param_dtype)
     args = make_grpo_config(
         trainer_cfg,
         output_dir=Path(run_dir) / "checkpoints" / policy,
@@ -797,10 +825,24 @@ def build_trainer(
         on_step=on_step,
         publish_every=trainer_cfg.publish_every,
         publish_on_start=publish_on_start,
-        advantage_mode=advantage_mode,
         max_staleness=max_staleness,
-        peft_config=lora_peft_config(trainer_cfg.lora) if trainer_cfg.lora is not None else None,
+        peft_config=_peft_config(trainer_cfg, adapter),
     )
     if trainer_cfg.off_policy == "m2po":
         trainer.m2po_threshold = trainer_cfg.m2po_threshold
+    trainer.turn_discount = trainer_cfg.turn_discount
+    if adapter is not None:
+        from astraflow.models.lora import adapter_state, init_adapter_
+
+        trainer.adapter_only = True
+        init_adapter_(adapter_state(trainer.model, TRAINER_ADAPTER), adapter.seed)
     return trainer
+
+
+def _peft_config(trainer_cfg: TrainerConfig, adapter: AdapterSpec | None) -> Any:
+    """peft's config of the policy's LoRA: an adapter policy's own, or ``trainer.lora``."""
+    if adapter is not None:
+        return peft_lora_config(adapter.lora)
+    if trainer_cfg.lora is not None:
+        return peft_lora_config(trainer_cfg.lora)
+    return None

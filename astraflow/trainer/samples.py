@@ -7,26 +7,33 @@ completion the sample's loss mask becomes TRL's ``tool_mask``: environment/tool/
 stay visible to attention (``completion_mask`` = 1) but carry no loss. Using the loss mask as the
 ``completion_mask`` instead would hide observations from the tokens generated after them.
 
-Advantages are the dataflow's when it computed them, otherwise GRPO's group-normalised rewards;
-the staleness weight multiplies each sample's advantage, and weight-0 samples get an all-zero loss
-mask so they add nothing to the loss or to the token normalisers.
+Advantages are the dataflow's when it computed them, otherwise GRPO's group-normalised rewards
+computed by the same functions (:mod:`astraflow.protocol.advantages`); the staleness weight
+multiplies each sample's advantage, and weight-0 samples get an all-zero loss mask so they add
+nothing to the loss or to the token normalisers. With ``turn_discount`` (``trainer.turn_discount``)
+the advantages are per token: each generated turn's tokens get that turn's group-normalised
+discounted return (:func:`~astraflow.protocol.advantages.turn_advantages`), a (B, C) tensor that
+TRL's loss takes as it is.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 
 from astraflow.protocol import Batch, Group, Sample
-
-AdvantageMode = Literal["auto", "dataflow", "trainer"]
-ScaleRewards = Literal["group", "batch", "none"]
-
-#: Added to the reward std before dividing (same constant as TRL).
-STD_EPS = 1e-4
+from astraflow.protocol.advantages import (
+    ScaleRewards,
+    advantages,
+    reward_std,
+    sample_turn_rewards,
+    turn_advantages,
+    turn_returns,
+)
+from astraflow.protocol.arrays import generated_runs
 
 
 @dataclass
@@ -39,12 +46,15 @@ class CollatedBatch:
     completion_mask: torch.Tensor  # (B, C) 1 on every real completion token (attention)
     loss_mask: torch.Tensor  # (B, C) 1 on tokens the policy generated and that are trained on
     behaviour_logps: torch.Tensor  # (B, C) log-probs the behaviour policy gave its tokens
-    advantages: torch.Tensor  # (B,) advantage x staleness weight
+    #: (B,) advantage x staleness weight; (B, C) per token with turn-level credit
+    advantages: torch.Tensor
     rewards: torch.Tensor  # (B,)
     weights: torch.Tensor  # (B,) effective weight (0 = not trained on)
     version_lag: torch.Tensor  # (B,) trainer_version - oldest generating version
     group_index: torch.Tensor  # (B,) which group of the batch each row belongs to
     skipped: Counter = field(default_factory=Counter)  # samples given weight 0, by reason
+    #: quarantined samples (id -> why): not in the tensors at all; the ack reports them
+    invalid: dict[str, str] = field(default_factory=dict)
 
     @property
     def num_rows(self) -> int:
@@ -55,53 +65,45 @@ class CollatedBatch:
         return int((self.weights > 0).sum())
 
 
-def group_advantages(
-    group: Group,
-    mode: AdvantageMode,
-    scale_rewards: ScaleRewards,
-    batch_std: float,
-) -> list[float]:
+def group_advantages(group: Group, scale_rewards: ScaleRewards, batch_std: float) -> list[float]:
     """Per-sample advantages of one group.
 
-    ``auto`` uses the dataflow's values when any is non-zero (a dataflow that computes advantages
-    fills them in; an all-zero group carries no signal either way) and otherwise normalises rewards
-    as GRPO does: ``(r - mean(group)) / (std + 1e-4)``, std taken over the group (``group``), the
-    whole batch (``batch``) or not at all (``none``).
+    The dataflow's values when any is non-zero (the dataflow computes advantages as it forms a
+    batch; an all-zero group carries no signal either way), otherwise the same function on the
+    rewards, for a batch built in process: ``(r - mean(group)) / (std + 1e-4)``, std taken over
+    the group (``group``), the whole batch (``batch``) or not at all (``none``).
     """
     provided = [s.advantage for s in group.samples]
-    if mode == "dataflow" or (mode == "auto" and any(a != 0.0 for a in provided)):
+    if any(a != 0.0 for a in provided):
         return provided
-    rewards = torch.tensor([s.reward for s in group.samples], dtype=torch.float64)
-    centred = rewards - rewards.mean()
-    if scale_rewards == "none":
-        return centred.tolist()
-    if scale_rewards == "group":
-        std = float(rewards.std()) if rewards.numel() > 1 else 0.0
-    else:
-        std = batch_std
-    return (centred / (std + STD_EPS)).tolist()
+    return advantages([s.reward for s in group.samples], scale_rewards, batch_std=batch_std)
 
 
-def _check_sample(sample: Sample, policy: str, vocab_size: int | None) -> None:
+def sample_problem(sample: Sample, policy: str, vocab_size: int | None) -> str | None:
+    """Why this trainer cannot train on ``sample`` (None: it can).
+
+    Defence in depth behind the dataflow's checks at the door: a sample that would crash the
+    step (an id outside the embedding, no prompt token) is quarantined, never trained on."""
     if sample.policy != policy:
-        raise ValueError(
-            f"sample {sample.id} belongs to policy {sample.policy!r} but this trainer trains {policy!r}"
-        )
+        return f"belongs to policy {sample.policy!r} but this trainer trains {policy!r}"
     if not sample.tokens:
-        raise ValueError(f"sample {sample.id} has no tokens")
+        return "has no tokens"
+    for name in ("loss_mask", "logprobs", "versions"):
+        if len(getattr(sample, name)) != len(sample.tokens):
+            return f"{name} has {len(getattr(sample, name))} entries but tokens has {len(sample.tokens)}"
     if vocab_size is not None:
         bad = [t for t in sample.tokens if t < 0 or t >= vocab_size]
         if bad:
-            raise ValueError(
-                f"sample {sample.id} has token ids outside the model vocabulary [0, {vocab_size}): "
-                f"{bad[:5]}; were the samples produced by a different model or tokenizer?"
+            return (
+                f"has token ids outside the model vocabulary [0, {vocab_size}): {bad[:5]}; were "
+                "the samples produced by a different model or tokenizer?"
             )
-    for name in ("loss_mask", "logprobs", "versions"):
-        if len(getattr(sample, name)) != len(sample.tokens):
-            raise ValueError(
-                f"sample {sample.id}: {name} has {len(getattr(sample, name))} entries but tokens has "
-                f"{len(sample.tokens)}"
-            )
+    if sample.prompt_length == 0:
+        return (
+            "starts with a generated token; at least one prompt token is needed to score the "
+            "first generated token"
+        )
+    return None
 
 
 def collate_batch(
@@ -111,24 +113,36 @@ def collate_batch(
     pad_token_id: int,
     trainer_version: int,
     scale_rewards: ScaleRewards = "group",
-    advantage_mode: AdvantageMode = "auto",
     max_staleness: int | None = None,
     vocab_size: int | None = None,
     pad_rows_to_multiple_of: int = 1,
     min_rows: int = 1,
+    turn_discount: float | None = None,
 ) -> CollatedBatch:
     """Padded training tensors of ``batch`` (see the module docstring for the conventions).
 
-    Samples are never dropped silently: a sample older than ``max_staleness`` versions, one with
-    weight 0, or one without any generated token stays in the batch (its group's baseline still
-    counts its reward) with an all-zero loss mask, and is counted in ``skipped`` by reason.
+    A sample this trainer cannot train on (:func:`sample_problem`) is quarantined: left out of
+    the tensors and of its group's baseline, counted as ``skipped["invalid_sample"]`` and listed
+    in ``invalid`` for the ack. Other samples are never dropped silently: a sample older than
+    ``max_staleness`` versions, one with weight 0, or one without any generated token stays in the
+    batch (its group's baseline still counts its reward) with an all-zero loss mask, and is
+    counted in ``skipped`` by reason.
     ``pad_rows_to_multiple_of`` and ``min_rows`` append inert rows so TRL can split the batch into
     equal micro-batches (its splitter drops remainders) and every process holds the same number of
     rows (TRL gathers per-row statistics across processes).
     """
     samples = batch.samples
-    all_rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
-    batch_std = float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0
+    batch_std = reward_std([s.reward for s in samples])
+    turn_mode = turn_discount is not None
+    #: per sample id: its runs of generated tokens and their discounted returns (turn mode)
+    turns: dict[str, tuple[list[tuple[int, int]], list[float]]] = {}
+    if turn_mode:
+        for smp in samples:
+            runs = generated_runs(smp.loss_mask)
+            per_turn = sample_turn_rewards(smp.turn_rewards, smp.reward, len(runs))
+            turns[smp.id] = (runs, turn_returns(per_turn, float(turn_discount)))
+        batch_std = reward_std([g for _runs, returns in turns.values() for g in returns])
+    token_advs: list[list[float]] = []
 
     prompts: list[list[int]] = []
     completions: list[list[int]] = []
@@ -140,19 +154,29 @@ def collate_batch(
     lags: list[int] = []
     group_index: list[int] = []
     skipped: Counter = Counter()
+    invalid: dict[str, str] = {}
 
     for gi, group in enumerate(batch.groups):
-        advs = group_advantages(group, advantage_mode, scale_rewards, batch_std)
+        bad = {
+            smp.id: problem
+            for smp in group.samples
+            if (problem := sample_problem(smp, policy, vocab_size)) is not None
+        }
+        if bad:  # quarantined: out of the step and of its group's baseline, reported in the ack
+            invalid.update(bad)
+            skipped["invalid_sample"] += len(bad)
+            group = group.model_copy(
+                update={"samples": [smp for smp in group.samples if smp.id not in bad]}
+            )
+        advs: list = group_advantages(group, scale_rewards, batch_std)
+        if turn_mode:
+            advs = turn_advantages(
+                [turns[smp.id][1] for smp in group.samples], scale_rewards, batch_std=batch_std
+            )
         for sample, adv in zip(group.samples, advs, strict=True):
-            _check_sample(sample, policy, vocab_size)
             pl = sample.prompt_length
             lag = trainer_version - sample.min_version if sample.min_version >= 0 else 0
             weight = float(sample.weight)
-            if pl == 0:
-                raise ValueError(
-                    f"sample {sample.id} starts with a generated token; at least one prompt token is "
-                    "needed to score the first generated token"
-                )
             if pl >= len(sample.tokens):
                 weight, reason = 0.0, "no_generated_tokens"
             elif max_staleness is not None and lag > max_staleness:
@@ -169,12 +193,19 @@ def collate_batch(
             mask = list(sample.loss_mask[pl:]) if weight > 0 else [0] * len(completion)
             loss_masks.append(mask or [0])
             behaviour.append(list(sample.logprobs[pl:]) or [0.0])
+            if turn_mode:  # each turn's tokens get that turn's advantage
+                per_token = [0.0] * len(completion)
+                for (start, end), turn_adv in zip(turns[sample.id][0], adv, strict=True):
+                    per_token[start - pl : end - pl] = [turn_adv * weight] * (end - start)
+                token_advs.append(per_token)
+                adv = statistics.fmean(adv) if adv else 0.0
             advantages.append(adv * weight)
             rewards.append(sample.reward)
             weights.append(weight)
             lags.append(lag)
             group_index.append(gi)
 
+    real_rows = len(prompts)
     # Inert rows (one pad prompt token, one masked completion token) to reach a multiple (and at
     # least one row: a process whose share of the groups is empty still takes part in the step).
     while len(prompts) < max(1, min_rows) or len(prompts) % max(1, pad_rows_to_multiple_of):
@@ -183,6 +214,7 @@ def collate_batch(
         loss_masks.append([0])
         behaviour.append([0.0])
         advantages.append(0.0)
+        token_advs.append([0.0])
         rewards.append(float("nan"))
         weights.append(0.0)
         lags.append(0)
@@ -206,8 +238,13 @@ def collate_batch(
         loss_mask[i, : len(c)] = torch.tensor(loss_masks[i], dtype=torch.long)
         behaviour_logps[i, : len(c)] = torch.tensor(behaviour[i], dtype=torch.float32)
     # Padding rows added above attend to one pad token only; keep their completion out of attention.
-    for i in range(len(samples), n):
+    for i in range(real_rows, n):
         completion_mask[i] = 0
+    advantage_tensor = torch.tensor(advantages, dtype=torch.float32)
+    if turn_mode:
+        advantage_tensor = torch.zeros((n, c_len), dtype=torch.float32)
+        for i, row in enumerate(token_advs):
+            advantage_tensor[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
     return CollatedBatch(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
@@ -216,10 +253,11 @@ def collate_batch(
         loss_mask=loss_mask,
         # NaN (an engine that could not score a token) survives on trained tokens only.
         behaviour_logps=torch.where(loss_mask.bool(), behaviour_logps, 0.0),
-        advantages=torch.tensor(advantages, dtype=torch.float32),
+        advantages=advantage_tensor,
         rewards=torch.tensor(rewards, dtype=torch.float32),
         weights=torch.tensor(weights, dtype=torch.float32),
         version_lag=torch.tensor(lags, dtype=torch.long),
         group_index=torch.tensor(group_index, dtype=torch.long),
         skipped=skipped,
+        invalid=invalid,
     )

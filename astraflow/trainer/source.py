@@ -21,6 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from astraflow.errors import AstraFlowError
 from astraflow.protocol import Batch, BatchAck
 
 __all__ = [
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 
-class SourceExhausted(Exception):
+class SourceExhausted(AstraFlowError):
     """No batch will ever be available again for this policy (the run is over)."""
 
 
@@ -56,6 +57,7 @@ class BatchSource(Protocol):
         *,
         trained: bool = True,
         checkpoint_version: int | None = None,
+        invalid_samples: dict[str, str] | None = None,
     ) -> None:
         """Acknowledge ``batch_id``: the step on it committed and produced ``trainer_version``.
 
@@ -137,6 +139,7 @@ class InProcessBatchSource:
         *,
         trained: bool = True,
         checkpoint_version: int | None = None,
+        invalid_samples: dict[str, str] | None = None,
     ) -> None:
         with self._lock:
             if any(a.batch_id == batch_id for a in self.acks):
@@ -207,6 +210,7 @@ class DataflowBatchSource:
         *,
         trained: bool = True,
         checkpoint_version: int | None = None,
+        invalid_samples: dict[str, str] | None = None,
     ) -> None:
         clean = {k: float(v) for k, v in metrics.items() if _is_finite_number(v)}
         self._client.ack(
@@ -216,6 +220,7 @@ class DataflowBatchSource:
                 metrics=clean,
                 trained=trained,
                 checkpoint_version=checkpoint_version,
+                invalid_samples=invalid_samples or {},
             ),
         )
 

@@ -11,9 +11,11 @@ location the trainer announces. The cache serves the weight server's own routes 
   versions with new contents, so metadata is never served stale);
 * ``GET /weights/{policy}/{version}/full|delta`` is served from disk, the file being named by its
   sha256 as the upstream meta announces it (content-addressed: a republished version is a different
-  file). A missing file is downloaded once, with the client's resume-on-cut, and verified against
-  its length and sha256 before anyone is served; requests that arrive meanwhile wait for that one
-  download (``coalesced``).
+  file). A missing file is downloaded once, with the client's resume-on-cut, and streamed to the
+  nodes that ask for it while it downloads (``streamed``; a 250 MB snapshot over a slow link
+  reaches the first node as it crosses, not after); the cache keeps it only once its length and
+  sha256 are verified, and a node checks the same on its side (a transfer that fails midway
+  reaches the node as a cut connection, which its client resumes or retries).
 * A missing *snapshot* is first rebuilt locally when it can be and the deltas still to download
   weigh less than the snapshot: the cache keeps the newest full state it has seen per policy (the
   first snapshot it downloaded) and applies the versions' deltas (cached, or downloaded once) to it, then writes the snapshot exactly as the trainer
@@ -25,9 +27,16 @@ location the trainer announces. The cache serves the weight server's own routes 
 So after the first snapshot only deltas cross the slow link, about one per version, whatever the
 number of nodes in the region and whatever files they ask for.
 
+Upstreams follow the run (``--join DATAFLOW_URL``): a restarted trainer serves its weights on a new
+port and announces the new location with its versions. When the upstream a policy was fetched from
+stops answering (or no longer has a version), the cache reads the dataflow's version table
+(``GET /versions/latest``) and moves the policy to the location announced there. ``--upstream``
+then only names a first guess (or maps a policy to an address as seen from the region).
+
 Every route except ``GET /healthz`` needs the run token (``Authorization: Bearer``), which the cache
 also presents upstream. Files are plain bytes (safetensors / sparse deltas); nothing is unpickled.
-``GET /cache/stats`` reports :class:`~astraflow.protocol.WeightCacheStats`.
+``GET /cache/stats`` reports :class:`~astraflow.protocol.WeightCacheStats`, and ``GET /metrics``
+the same figures for Prometheus (``astraflow_weight_cache_*``).
 """
 
 from __future__ import annotations
@@ -44,8 +53,15 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import Response, StreamingResponse
 
 from astraflow.protocol import WeightCacheStats
+from astraflow.protocol.prometheus import (
+    CONTENT_TYPE,
+    ServiceMetrics,
+    exposition,
+    weight_cache_families,
+)
 from astraflow.weights.client import WeightClient, WeightTransferError
 from astraflow.weights.digest import bytes_digest
 from astraflow.weights.server import (
@@ -61,8 +77,9 @@ log = logging.getLogger("astraflow.weights.cache")
 _SHA_RE = re.compile(r"^sha256:([0-9a-f]{64})$")
 
 
-def parse_upstreams(values: list[str]) -> dict[str, str]:
-    """``--upstream`` values: ``URL`` (every policy) or ``POLICY=URL`` (one policy's trainer)."""
+def parse_upstreams(values: list[str], required: bool = True) -> dict[str, str]:
+    """``--upstream`` values: ``URL`` (every policy) or ``POLICY=URL`` (one policy's trainer);
+    ``required=False`` when the cache follows a dataflow's version table (``--join``)."""
     out: dict[str, str] = {}
     for value in values:
         policy, sep, url = value.partition("=")
@@ -77,9 +94,82 @@ def parse_upstreams(values: list[str]) -> dict[str, str]:
         if policy in out:
             raise ValueError(f"--upstream names {policy!r} twice")
         out[policy] = url.rstrip("/")
-    if not out:
-        raise ValueError("a weight cache needs at least one --upstream")
+    if not out and required:
+        raise ValueError("a weight cache needs --join DATAFLOW_URL or at least one --upstream")
     return out
+
+
+#: Bytes a streamed response sends per read of the growing file.
+STREAM_CHUNK = 1024 * 1024
+
+
+class _Transfer:
+    """A download under way: how many bytes of it are on disk, for the nodes streamed meanwhile.
+
+    The download runs in a worker thread and reports progress through ``report`` (thread-safe);
+    readers on the event loop wait for progress on an event, never poll."""
+
+    def __init__(self, partial: Path, final: Path, size: int):
+        self.partial, self.final, self.size = partial, final, size
+        self.written = 0
+        self.done = False
+        self.error: str | None = None
+        self._loop = asyncio.get_running_loop()
+        self._changed = asyncio.Event()
+
+    # -- the downloading thread
+    def report(self, written: int) -> None:
+        self._loop.call_soon_threadsafe(self._progress, written)
+
+    # -- the event loop
+    def _progress(self, written: int) -> None:
+        self.written = written
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def finish(self, error: str | None) -> None:
+        self.done, self.error = True, error
+        self._progress(self.written)
+
+    def open(self) -> int:
+        """A descriptor of the file being written (or, once renamed, of the finished file)."""
+        try:
+            return os.open(self.partial, os.O_RDONLY)
+        except FileNotFoundError:
+            return os.open(self.final, os.O_RDONLY)
+
+    async def chunks(self, fd: int, start: int, end: int):
+        """Bytes ``[start, end)`` as they reach the disk; raises if the download fails first (the
+        node sees a cut transfer, never a whole unverified file)."""
+        sent = start
+        try:
+            while sent < end:
+                if self.error is not None:
+                    raise WeightTransferError(f"upstream transfer failed: {self.error}")
+                # the last byte goes out once the file is verified (and counted): a node never
+                # holds a whole file the cache has not checked
+                ready = self.written if self.done else min(self.written, self.size - 1)
+                if ready > sent:
+                    n = min(ready, end) - sent
+                    data = os.pread(fd, min(n, STREAM_CHUNK), sent)
+                    if data:
+                        sent += len(data)
+                        yield data
+                        continue
+                if self.done:  # ended without the bytes this reader still needs
+                    raise WeightTransferError("upstream transfer ended short")
+                await self._changed.wait()
+        finally:
+            os.close(fd)
+
+
+class _Pending:
+    """A file being produced (rebuilt or downloaded); ``began`` is set once it streams."""
+
+    def __init__(self) -> None:
+        self.task: asyncio.Future | None = None
+        self.transfer: _Transfer | None = None
+        self.began = asyncio.Event()
 
 
 class _Base:
@@ -106,11 +196,21 @@ class WeightCache:
         timeout: float = 30.0,
         connect_timeout: float = 10.0,
         retries: int = 4,
+        dataflow: str | None = None,
+        ca_file: str | None = None,
     ):
+        """``dataflow``: the run's dataflow URL, whose version table says where each policy's
+        weights are now (followed when an upstream fails); ``token`` is then a node token."""
         import httpx
 
         if not token:
             raise ValueError("a weight cache needs the run token")
+        if not upstreams and not dataflow:
+            raise ValueError("a weight cache needs a dataflow URL or at least one upstream")
+        self.dataflow_url = dataflow
+        self.ca_file = ca_file
+        self._dataflow: Any = None
+        self._follow_lock: asyncio.Lock | None = None
         self.upstreams = dict(upstreams)
         self.token = token
         self._own_root = root is None
@@ -121,25 +221,26 @@ class WeightCache:
         # downloads in a pool of their own (asyncio's default pool is a few threads, which stuck
         # transfers once filled, freezing every request of the region).
         self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
-        self._clients = {
-            url: WeightClient(url, token, timeout=self._timeout, retries=retries)
-            for url in set(self.upstreams.values())
-        }
+        self._retries = retries
+        self._clients: dict[str, WeightClient] = {}
         self._meta_clients: dict[str, Any] = {}
         self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="weight-cache")
-        self._inflight: dict[str, asyncio.Future] = {}
+        self._inflight: dict[str, _Pending] = {}
         self._lock = threading.Lock()
         self._bases: dict[str, _Base] = {}
         self._base_lock = threading.Lock()
         self.stats = WeightCacheStats(upstreams=dict(self.upstreams))
 
     def close(self) -> None:
-        for c in self._clients.values():
+        for c in list(self._clients.values()):
             c.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
-        for c in self._meta_clients.values():
+        closers = [c.aclose() for c in self._meta_clients.values()]
+        if self._dataflow is not None:
+            closers.append(self._dataflow.close())
+        for closer in closers:
             try:
-                asyncio.run(c.aclose())
+                asyncio.run(closer)
             except Exception:  # noqa: BLE001 - closing at exit: nothing left to do on failure
                 pass
         if self._own_root:
@@ -156,18 +257,74 @@ class WeightCache:
             )
         return url
 
-    def client_for(self, policy: str) -> WeightClient:
-        return self._clients[self.upstream_for(policy)]
+    async def upstream(self, policy: str) -> str:
+        """The policy's upstream; asked of the dataflow when none is known yet."""
+        if self.upstreams.get(policy) is None and self.upstreams.get("*") is None:
+            await self.follow(policy, None)
+        return self.upstream_for(policy)
+
+    async def follow(self, policy: str, failed: str | None) -> bool:
+        """Move ``policy`` to the location its newest version was announced at, when that is not
+        ``failed`` (the upstream that just failed). True when the upstream changed."""
+        if self.dataflow_url is None:
+            return False
+        if self._follow_lock is None:
+            self._follow_lock = asyncio.Lock()
+        async with self._follow_lock:
+            current = self.upstreams.get(policy) or self.upstreams.get("*")
+            if current is not None and current != failed:
+                return True  # another request moved it meanwhile
+            if self._dataflow is None:
+                from astraflow.protocol.client import DataflowClient
+
+                self._dataflow = DataflowClient(
+                    self.dataflow_url, self.token, timeout=10.0, retries=1, ca_file=self.ca_file
+                )
+            try:
+                table = await self._dataflow.latest_versions()
+            except Exception as exc:  # the dataflow unreachable: keep the upstream we have
+                log.warning("cannot read the version table at %s: %s", self.dataflow_url, exc)
+                return False
+            wv = table.versions.get(policy)
+            if wv is None or not wv.location.startswith(("http://", "https://")):
+                return False
+            location = wv.location.rstrip("/")
+            if location == current:
+                return False
+            log.info("policy %s: upstream %s -> %s (version table)", policy, current, location)
+            self.upstreams[policy] = location
+            self.stats.upstreams = dict(self.upstreams)
+            self.stats.upstream_changes += 1
+            return True
+
+    def _client(self, url: str) -> WeightClient:
+        with self._lock:
+            client = self._clients.get(url)
+            if client is None:
+                client = self._clients[url] = WeightClient(
+                    url, self.token, timeout=self._timeout, retries=self._retries,
+                    ca_file=self.ca_file,
+                )  # fmt: skip
+            return client
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def relay_json(self, policy: str, path: str, retries: int = 1) -> Any:
         """GET ``path`` from the policy's upstream; 404 stays 404, anything else broken is 502
-        (the node's client retries a 502; the cache does not hold a request for long)."""
+        (the node's client retries a 502; the cache does not hold a request for long). Either
+        makes the cache consult the version table first: a moved upstream is asked again."""
+        url = await self.upstream(policy)
+        try:
+            return await self._relay_json(url, path, retries)
+        except HTTPException as exc:
+            if exc.status_code in (404, 502) and await self.follow(policy, url):
+                return await self._relay_json(self.upstream_for(policy), path, retries)
+            raise
+
+    async def _relay_json(self, url: str, path: str, retries: int) -> Any:
         import httpx
 
-        url = self.upstream_for(policy)
         client = self._meta_clients.get(url)
         if client is None:
             client = self._meta_clients[url] = httpx.AsyncClient(
@@ -194,10 +351,9 @@ class WeightCache:
         return resp.json()
 
     # ----------------------------------------------------------------- files
-    async def file(
-        self, policy: str, version: int, kind: str, meta: dict[str, Any] | None = None
-    ) -> tuple[Path, dict[str, Any]]:
-        """The verified local copy of ``kind`` ('full' or 'delta') of the version, and its meta."""
+    async def _named(
+        self, policy: str, version: int, kind: str, meta: dict[str, Any] | None
+    ) -> tuple[str, Path, dict[str, Any]]:
         if meta is None:
             meta = await self.relay_json(policy, f"/weights/{policy}/{version}/meta")
         sha, size = meta.get(f"{kind}_sha256"), meta.get(f"{kind}_bytes")
@@ -208,27 +364,75 @@ class WeightCache:
         named = _SHA_RE.match(sha) if isinstance(sha, str) else None
         if named is None or not isinstance(size, int) or size < 0:
             raise HTTPException(status_code=502, detail=f"upstream meta of v{version} is malformed")
-        path = self.root / f"{named.group(1)}.bin"
-        if path.is_file():
-            self.stats.hits += 1
-            try:
-                os.utime(path)  # recently used: evicted last
-            except OSError:
-                pass
-            return path, meta
-        task = self._inflight.get(sha)
-        if task is None:
+        return sha, self.root / f"{named.group(1)}.bin", meta
+
+    def _hit(self, path: Path) -> bool:
+        if not path.is_file():
+            return False
+        self.stats.hits += 1
+        try:
+            os.utime(path)  # recently used: evicted last
+        except OSError:
+            pass
+        return True
+
+    def _pending(
+        self, policy: str, version: int, kind: str, meta: dict[str, Any], sha: str, path: Path
+    ) -> _Pending:
+        pending = self._inflight.get(sha)
+        if pending is None:
             # The transfer is a task of its own: a node giving up on its request (a timeout, a
             # disconnect) must not cancel a download that other nodes wait for, or start another.
-            task = asyncio.ensure_future(self._fetch(policy, version, kind, meta, path))
-            self._inflight[sha] = task
-            task.add_done_callback(lambda t, sha=sha: self._settled(sha, t))
+            pending = self._inflight[sha] = _Pending()
+            pending.task = asyncio.ensure_future(
+                self._fetch(pending, policy, version, kind, meta, path)
+            )
+            pending.task.add_done_callback(lambda t, sha=sha: self._settled(sha, t))
         else:
             self.stats.coalesced += 1
+        return pending
+
+    @staticmethod
+    async def _settle(task: asyncio.Future) -> None:
         try:
             await asyncio.shield(task)
         except WeightTransferError as exc:
             raise HTTPException(status_code=502, detail=f"upstream: {exc}") from exc
+
+    async def file(
+        self, policy: str, version: int, kind: str, meta: dict[str, Any] | None = None
+    ) -> tuple[Path, dict[str, Any]]:
+        """The verified local copy of ``kind`` ('full' or 'delta') of the version, and its meta."""
+        sha, path, meta = await self._named(policy, version, kind, meta)
+        if self._hit(path):
+            return path, meta
+        await self._settle(self._pending(policy, version, kind, meta, sha, path).task)
+        return path, meta
+
+    async def source(
+        self, policy: str, version: int, kind: str
+    ) -> tuple[Path | tuple[_Transfer, int], dict[str, Any]]:
+        """What to send for a node's request: the verified local file, or, while the file
+        downloads, the transfer and an open descriptor of its bytes so far."""
+        sha, path, meta = await self._named(policy, version, kind, None)
+        if self._hit(path):
+            return path, meta
+        pending = self._pending(policy, version, kind, meta, sha, path)
+        began = asyncio.ensure_future(pending.began.wait())
+        try:
+            await asyncio.wait({pending.task, began}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            began.cancel()
+        transfer = pending.transfer
+        if transfer is not None and not pending.task.done():
+            try:
+                fd = transfer.open()
+            except OSError:
+                pass  # renamed and evicted in between: settle below
+            else:
+                self.stats.streamed += 1
+                return (transfer, fd), meta
+        await self._settle(pending.task)
         return path, meta
 
     def _cached(self, sha: str) -> bool:
@@ -240,17 +444,58 @@ class WeightCache:
         if not task.cancelled() and isinstance(task.exception(), WeightTransferError):
             self.stats.upstream_errors += 1
 
-    async def _fetch(self, policy: str, version: int, kind: str, meta: dict, path: Path) -> None:
+    async def _fetch(
+        self, pending: _Pending, policy: str, version: int, kind: str, meta: dict, path: Path
+    ) -> None:
         if kind == "full" and await self._rebuild(policy, version, meta, path):
             return
         size, sha = meta[f"{kind}_bytes"], meta[f"{kind}_sha256"]
-        await self._run(self._download, policy, version, kind, size, sha, path)
+        transfer = _Transfer(path.with_name(f".{path.stem}.partial"), path, size)
+        transfer.partial.touch()  # exists before any node opens it (one inode for every attempt)
+        pending.transfer = transfer
+        pending.began.set()
+        error: str | None = "cancelled"
+        try:
+            url = await self.upstream(policy)
+            try:
+                await self._run(self._download, url, policy, version, kind, size, sha, transfer)
+            except WeightTransferError:
+                if not await self.follow(policy, url):
+                    raise
+                transfer.report(0)  # a new upstream sends the same bytes from the start
+                url = self.upstream_for(policy)
+                await self._run(self._download, url, policy, version, kind, size, sha, transfer)
+            error = None
+        except BaseException as exc:
+            error = str(exc) or type(exc).__name__
+            raise
+        finally:
+            transfer.finish(error)
+            transfer.partial.unlink(missing_ok=True)  # renamed when verified; else dropped
 
     def _download(
-        self, policy: str, version: int, kind: str, size: int, sha: str, path: Path
+        self, url: str, policy: str, version: int, kind: str, size: int, sha: str, tr: _Transfer
     ) -> None:
-        data = self.client_for(policy)._fetch_file(policy, version, kind, size, sha)  # verified
-        self._store_file(path, data)
+        """Download into ``tr.partial``, reporting each chunk to the streamed nodes; the file
+        becomes the cache's copy only once verified."""
+        written = 0
+        with open(tr.partial, "r+b") as fh:
+            fh.truncate()
+
+            def sink(chunk: bytes | None) -> None:
+                nonlocal written
+                if chunk is None:  # the upstream ignored a resume: the same bytes again
+                    fh.seek(0)
+                    fh.truncate()
+                    written = 0
+                else:
+                    fh.write(chunk)
+                    written += len(chunk)
+                fh.flush()
+                tr.report(written)
+
+            data = self._client(url).fetch_file(policy, version, kind, size, sha, sink)
+        os.replace(tr.partial, tr.final)  # verified by fetch_file
         with self._lock:
             self.stats.files_fetched += 1
             self.stats.bytes_fetched += size
@@ -374,6 +619,16 @@ class WeightCache:
         return self.stats.model_copy()
 
 
+def _byte_range(header: str | None, size: int) -> tuple[int, int]:
+    """``[start, end)`` of a single ``bytes=A-`` / ``bytes=A-B`` range; the whole file otherwise."""
+    m = re.fullmatch(r"bytes=(\d+)-(\d*)", (header or "").strip())
+    if m is None:
+        return 0, size
+    start = int(m.group(1))
+    end = min(int(m.group(2)) + 1, size) if m.group(2) else size
+    return (start, end) if start < end else (0, size)
+
+
 def _detail(resp) -> str:
     try:
         return str(resp.json().get("detail", resp.text))
@@ -410,6 +665,11 @@ def create_cache_app(cache: WeightCache) -> FastAPI:
     def stats() -> WeightCacheStats:
         return cache.snapshot()
 
+    @app.get("/metrics", dependencies=[Depends(require_token)], include_in_schema=False)
+    def prometheus_metrics() -> Response:
+        families = list(weight_cache_families(cache.snapshot()))
+        return Response(exposition(ServiceMetrics().registry, families), media_type=CONTENT_TYPE)
+
     @app.get("/weights/{policy}/latest", dependencies=[Depends(require_token)])
     async def latest(policy: str) -> dict:
         return await cache.relay_json(policy, f"/weights/{valid_policy(policy)}/latest")
@@ -422,21 +682,35 @@ def create_cache_app(cache: WeightCache) -> FastAPI:
     async def meta(policy: str, version: int) -> dict:
         return await cache.relay_json(policy, f"/weights/{valid_policy(policy)}/{version}/meta")
 
-    async def send(policy: str, version: int, kind: str) -> WeightFileResponse:
-        path, m = await cache.file(valid_policy(policy), version, kind)
+    async def send(request: Request, policy: str, version: int, kind: str) -> Response:
+        src, m = await cache.source(valid_policy(policy), version, kind)
         headers = {DIGEST_HEADER: m["digest"], SHA256_HEADER: m[f"{kind}_sha256"]}
         if kind == "delta":
             headers[PARENT_HEADER] = str(m.get("parent"))
         cache.stats.files_served += 1
-        cache.stats.bytes_served += int(m[f"{kind}_bytes"])
-        return WeightFileResponse(path, media_type="application/octet-stream", headers=headers)
+        size = int(m[f"{kind}_bytes"])
+        cache.stats.bytes_served += size
+        if isinstance(src, Path):
+            return WeightFileResponse(src, media_type="application/octet-stream", headers=headers)
+        transfer, fd = src  # still downloading: stream what is on disk, then what arrives
+        start, end = _byte_range(request.headers.get("range"), size)
+        status = 200
+        if (start, end) != (0, size):
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        headers["Content-Length"] = str(end - start)
+        headers["Accept-Ranges"] = "bytes"
+        return StreamingResponse(
+            transfer.chunks(fd, start, end), status_code=status,
+            media_type="application/octet-stream", headers=headers,
+        )  # fmt: skip
 
     @app.get("/weights/{policy}/{version}/full", dependencies=[Depends(require_token)])
-    async def full(policy: str, version: int) -> WeightFileResponse:
-        return await send(policy, version, "full")
+    async def full(request: Request, policy: str, version: int) -> Response:
+        return await send(request, policy, version, "full")
 
     @app.get("/weights/{policy}/{version}/delta", dependencies=[Depends(require_token)])
-    async def delta(policy: str, version: int) -> WeightFileResponse:
-        return await send(policy, version, "delta")
+    async def delta(request: Request, policy: str, version: int) -> Response:
+        return await send(request, policy, version, "delta")
 
     return app

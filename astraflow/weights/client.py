@@ -7,32 +7,39 @@ snapshot. Every transferred file is checked against its
 length and sha256 before it is parsed, and the resulting state's digest is checked when applied
 (deltas) or on load (full), so truncated or corrupted transfers are rejected, never installed.
 
-Sources: an ``http(s)://`` URL of a trainer's weight server (bearer token; retries with backoff;
-an interrupted download resumes with a ``Range`` request; ``https://`` is verified against
-``ca_file`` or ``$ASTRAFLOW_CA_FILE``, and a failed handshake is not retried) or a shared directory.
+Where the bytes come from is a :class:`~astraflow.weights.source.WeightSource`: an ``http(s)://``
+URL of a trainer's weight server or a weight cache, a shared store directory, or any object with
+the interface; the rule and the checks above are the same for each.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
-from astraflow.protocol.tls import client_verify, tls_failure
 from astraflow.weights.delta import DeltaChain, DeltaError, SparseDelta
 from astraflow.weights.digest import bytes_digest, state_digest
-from astraflow.weights.store import WeightStore, WeightStoreError
+from astraflow.weights.source import (
+    ChunkSink,
+    FileKind,
+    WeightSource,
+    WeightTransferError,
+    open_weight_source,
+)
+from astraflow.weights.store import WeightStoreError
 from astraflow.weights.update import WeightUpdate
 
-
-class WeightTransferError(RuntimeError):
-    """A transfer that failed, was truncated, or whose bytes do not match their digest."""
+__all__ = ["WeightClient", "WeightTransferError", "check_bytes"]
 
 
 class WeightClient:
+    """Fetches verified weight updates from one :class:`WeightSource` (``source``: a URL, a store
+    directory or a source object; ``token``, ``timeout``, ``retries``, ``backoff`` and ``ca_file``
+    configure an HTTP source)."""
+
     def __init__(
         self,
-        source: str | Path,
+        source: str | Path | WeightSource,
         token: str | None = None,
         *,
         max_chain: int = 4,
@@ -41,36 +48,14 @@ class WeightClient:
         backoff: float = 0.25,
         ca_file: str | Path | None = None,
     ):
-        self.source = str(source)
         self.max_chain = max_chain
-        self.retries = retries
-        self.backoff = backoff
-        self._http = None
-        self._store: WeightStore | None = None
-        if self.source.startswith(("http://", "https://")):
-            import httpx
-
-            headers = {"Authorization": f"Bearer {token}"} if token else {}
-            https = self.source.startswith("https://")
-            self._http = httpx.Client(
-                base_url=self.source.rstrip("/"),
-                headers=headers,
-                timeout=timeout,
-                transport=_tls_checked_transport(
-                    client_verify(ca_file) if https else True, self.source
-                ),
-            )
-        else:
-            root = Path(self.source)
-            if not root.is_dir():
-                raise WeightStoreError(
-                    f"weight source {self.source!r} is neither an http(s) URL nor a directory"
-                )
-            self._store = WeightStore(root)
+        self.backend = open_weight_source(
+            source, token, timeout=timeout, retries=retries, backoff=backoff, ca_file=ca_file
+        )
+        self.source = self.backend.location
 
     def close(self) -> None:
-        if self._http is not None:
-            self._http.close()
+        self.backend.close()
 
     def __enter__(self) -> WeightClient:
         return self
@@ -81,22 +66,7 @@ class WeightClient:
     # ----------------------------------------------------------------- metadata
     def meta(self, policy: str, version: int | None = None) -> dict[str, Any] | None:
         """meta.json of ``version`` (latest when None); None when the policy has no versions."""
-        if self._store is not None:
-            if version is None:
-                versions = self._store.versions(policy)
-                if not versions:
-                    return None
-                version = versions[-1]
-            return self._store.meta(policy, version)
-        path = (
-            f"/weights/{policy}/latest" if version is None else f"/weights/{policy}/{version}/meta"
-        )
-        resp = self._request(path)
-        if resp.status_code == 404:
-            if version is None:
-                return None
-            raise WeightStoreError(f"policy {policy!r} has no version {version} at {self.source}")
-        return resp.json()
+        return self.backend.meta(policy, version)
 
     # ----------------------------------------------------------------- the update
     def fetch_update(
@@ -136,7 +106,7 @@ class WeightClient:
         from safetensors.torch import load
 
         meta = meta or self.meta(policy, version)
-        data = self._fetch_file(policy, version, "full", meta["full_bytes"], meta["full_sha256"])
+        data = self.fetch_file(policy, version, "full", meta["full_bytes"], meta["full_sha256"])
         try:
             state = load(data)
         except Exception as exc:
@@ -177,7 +147,7 @@ class WeightClient:
         deltas = []
         for m in metas:
             v = int(m["version"])
-            data = self._fetch_file(policy, v, "delta", m["delta_bytes"], m["delta_sha256"])
+            data = self.fetch_file(policy, v, "delta", m["delta_bytes"], m["delta_sha256"])
             try:
                 delta = SparseDelta.from_bytes(data)
             except DeltaError as exc:
@@ -194,115 +164,24 @@ class WeightClient:
         except DeltaError as exc:
             raise WeightTransferError(f"deltas of {policy} do not chain: {exc}") from exc
 
-    # ----------------------------------------------------------------- transport
-    def _fetch_file(self, policy: str, version: int, kind: str, size: int, sha256: str) -> bytes:
-        if self._store is not None:
-            try:
-                if kind == "full":
-                    data = self._store.read_full(policy, version)
-                else:
-                    data = self._store.read_delta(policy, version) or b""
-            except (OSError, WeightStoreError) as exc:
-                raise WeightTransferError(
-                    f"cannot read {kind} of {policy} v{version}: {exc}"
-                ) from exc
+    # ----------------------------------------------------------------- verified reads
+    def fetch_file(
+        self,
+        policy: str,
+        version: int,
+        kind: FileKind,
+        size: int,
+        sha256: str,
+        sink: ChunkSink | None = None,
+    ) -> bytes:
+        """The bytes of the version's ``kind`` file, checked against ``size`` and ``sha256``;
+        ``sink`` sees the bytes as they arrive (a region cache streams them on meanwhile)."""
+        if sink is None:  # a source written without ``sink`` still works for the node's reads
+            data = self.backend.read(policy, version, kind, size)
         else:
-            data = self._download(f"/weights/{policy}/{version}/{kind}", size)
+            data = self.backend.read(policy, version, kind, size, sink=sink)
         check_bytes(data, size, sha256, f"{kind} of {policy} v{version}")
         return data
-
-    def _download(self, path: str, size: int) -> bytes:
-        """GET with retries; after a broken connection, resume from the received offset.
-
-        Only attempts that make no progress count against ``retries``: on a lossy link that cuts
-        a large transfer several times, each resumed request that brought bytes starts the count
-        afresh, so the download finishes as long as it keeps moving."""
-        import httpx
-
-        buf = bytearray()
-        attempt = 0
-        while True:
-            before = len(buf)
-            headers = {"Range": f"bytes={len(buf)}-"} if buf else {}
-            try:
-                with self._http.stream("GET", path, headers=headers) as resp:
-                    if resp.status_code == 401:
-                        raise WeightTransferError(f"weight server refused the token for {path}")
-                    if resp.status_code == 404:
-                        raise WeightTransferError(f"{path} not found on the weight server")
-                    if resp.status_code >= 500:
-                        raise httpx.TransportError(f"server error {resp.status_code}")
-                    if resp.status_code not in (200, 206):
-                        raise WeightTransferError(f"GET {path}: HTTP {resp.status_code}")
-                    if buf and not _resumes_at(resp, len(buf)):
-                        buf.clear()  # the server ignored the range: start over
-                    for chunk in resp.iter_bytes():
-                        buf.extend(chunk)
-                        if len(buf) > size:
-                            raise WeightTransferError(
-                                f"{path}: more than the announced {size} bytes"
-                            )
-                return bytes(buf)
-            except httpx.TransportError as exc:
-                if len(buf) > before:
-                    attempt = 0  # the connection broke, but bytes came: resume, no penalty
-                attempt += 1
-                if attempt > self.retries:
-                    raise WeightTransferError(
-                        f"GET {path} failed after {self.retries} retries: {exc}"
-                    ) from exc
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-
-    def _request(self, path: str):
-        import httpx
-
-        attempt = 0
-        while True:
-            try:
-                resp = self._http.get(path)
-                if resp.status_code == 401:
-                    raise WeightTransferError(f"weight server refused the token for {path}")
-                if resp.status_code >= 500:
-                    raise httpx.TransportError(f"server error {resp.status_code}")
-                if resp.status_code not in (200, 404):
-                    raise WeightTransferError(
-                        f"GET {path}: HTTP {resp.status_code}: {resp.text[:200]}"
-                    )
-                return resp
-            except httpx.TransportError as exc:
-                attempt += 1
-                if attempt > self.retries:
-                    raise WeightTransferError(
-                        f"GET {path} failed after {self.retries} retries: {exc}"
-                    ) from exc
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-
-
-def _tls_checked_transport(verify, source: str):
-    """httpx's transport, except that a failed TLS handshake raises :class:`WeightTransferError`
-    (not retried by the download loops: it cannot succeed on a second try) naming what to fix."""
-    import httpx
-
-    class Transport(httpx.HTTPTransport):
-        def handle_request(self, request):
-            try:
-                return super().handle_request(request)
-            except httpx.TransportError as exc:
-                reason = tls_failure(exc)
-                if reason is not None:
-                    raise WeightTransferError(f"weight server {source}: {reason}") from exc
-                raise
-
-    return Transport(verify=verify)
-
-
-def _resumes_at(resp, offset: int) -> bool:
-    """Whether ``resp`` is a 206 whose Content-Range starts at ``offset``."""
-    if resp.status_code != 206:
-        return False
-    unit, _, spec = resp.headers.get("content-range", "").partition(" ")
-    start = spec.split("-", 1)[0]
-    return unit == "bytes" and start.isdigit() and int(start) == offset
 
 
 def check_bytes(data: bytes, size: int, sha256: str, what: str) -> None:

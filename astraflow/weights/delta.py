@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from astraflow.errors import AstraFlowError
 from astraflow.weights.digest import state_digest
 
 FORMAT = "astraflow.sparse-delta/2"
@@ -51,7 +52,7 @@ CODED_MAX_DENSITY = 0.5
 ZLIB_LEVEL = 1
 
 
-class DeltaError(ValueError):
+class DeltaError(AstraFlowError, ValueError):
     """A delta that is malformed, does not fit the tensors, or yields the wrong digest."""
 
 

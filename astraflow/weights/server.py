@@ -10,15 +10,14 @@ the run is accepted (node, trainer, admin; see :mod:`astraflow.protocol.auth`). 
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Callable
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import FileResponse
 
 from astraflow.protocol.auth import TokenVerifier, bearer
+from astraflow.protocol.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
+from astraflow.protocol.prometheus import ServiceMetrics, exposition
 from astraflow.protocol.tls import ServerTLS
 from astraflow.weights.store import WeightStore, WeightStoreError
 
@@ -39,12 +38,14 @@ class WeightFileResponse(FileResponse):
     chunk_size = 4 * 1024 * 1024
 
 
-def create_weight_app(store: WeightStore, token: str | TokenVerifier) -> FastAPI:
+def create_weight_app(
+    store: WeightStore, token: str | TokenVerifier, metrics: ServiceMetrics | None = None
+) -> FastAPI:
     """FastAPI app serving ``store`` (see the module docstring for the routes' contract).
 
     ``token``: the run secret (accepts it and every role token derived from it), or a
     :class:`TokenVerifier` built from the role tokens' digests when the trainer holds only its
-    trainer token."""
+    trainer token. ``metrics``: the trainer's histograms, served at ``GET /metrics``."""
     if not token:
         raise ValueError("a weight server needs a non-empty bearer token")
     verifier = token if isinstance(token, TokenVerifier) else TokenVerifier.from_secret(token)
@@ -70,6 +71,15 @@ def create_weight_app(store: WeightStore, token: str | TokenVerifier) -> FastAPI
     def healthz() -> dict:
         return {"ok": True}
 
+    served = metrics or ServiceMetrics()
+    downloads = served.counter(
+        "astraflow_weight_downloads", "Weight files served, by kind (full, delta)", ("kind",)
+    )
+
+    @app.get("/metrics", dependencies=[Depends(require_token)], include_in_schema=False)
+    def prometheus_metrics() -> Response:
+        return Response(exposition(served.registry), media_type=PROMETHEUS_CONTENT_TYPE)
+
     @app.get("/weights/{policy}/latest", dependencies=[Depends(require_token)])
     def latest(policy: str) -> dict:
         try:
@@ -94,6 +104,7 @@ def create_weight_app(store: WeightStore, token: str | TokenVerifier) -> FastAPI
     @app.get("/weights/{policy}/{version}/full", dependencies=[Depends(require_token)])
     def full(policy: str, version: int) -> WeightFileResponse:
         m = meta_or_404(policy, version)
+        downloads.labels("full").inc()
         return WeightFileResponse(
             store.full_path(policy, version),
             media_type="application/octet-stream",
@@ -108,6 +119,7 @@ def create_weight_app(store: WeightStore, token: str | TokenVerifier) -> FastAPI
             raise HTTPException(
                 status_code=404, detail=f"version {version} of {policy!r} has no delta"
             )
+        downloads.labels("delta").inc()
         return WeightFileResponse(
             path,
             media_type="application/octet-stream",
@@ -128,39 +140,14 @@ def serve_in_thread(
     timeout: float = 10.0,
     tls: ServerTLS | None = None,
 ) -> tuple[str, Callable[[], None]]:
-    """Run ``app`` under uvicorn in a daemon thread; returns (base URL, stop function).
+    """Run ``app`` in a daemon thread beside training; returns (base URL, stop function).
 
-    The socket is bound here, so ``port=0`` yields a free port known before the server starts.
+    The project's one runner (:class:`~astraflow.protocol.http_server.HTTPServer`) binds the socket
+    first, so ``port=0`` yields a free port known before the server starts (IPv6 hosts too).
     With ``tls`` the server speaks HTTPS and the URL is ``https://``.
     """
-    import uvicorn
+    from astraflow.protocol.http_server import HTTPServer
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    bound_port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        lifespan="off",
-        **(tls.uvicorn_kwargs() if tls else {}),
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(
-        target=server.run, kwargs={"sockets": [sock]}, name="weight-server", daemon=True
-    )
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            sock.close()
-            raise RuntimeError(f"weight server did not start on {host}:{bound_port}")
-        time.sleep(0.01)
-
-    def stop() -> None:
-        server.should_exit = True
-        thread.join(timeout)
-        sock.close()
-
-    return f"{'https' if tls else 'http'}://{host}:{bound_port}", stop
+    server = HTTPServer(app, host, port, tls=tls, lifespan="off", name="weight-server")
+    server.start_in_thread(timeout)
+    return server.url, lambda: server.stop_thread(timeout)

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from astraflow.errors import AstraFlowError
 from astraflow.protocol import WeightVersion
 from astraflow.weights.delta import SparseDelta
 from astraflow.weights.digest import bytes_digest, state_digest
@@ -35,7 +36,7 @@ _POLICY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _VERSION_RE = re.compile(r"^v(\d+)$")
 
 
-class WeightStoreError(ValueError):
+class WeightStoreError(AstraFlowError, ValueError):
     """Bad policy name or version, or a version that is not in the store."""
 
 

@@ -22,11 +22,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+from astraflow.errors import AstraFlowError
+
 ENV_VAR = "ASTRAFLOW_AGENTBENCH_DATA"
 SPLITS = ("dev", "standard")
 
 
-class DataError(ValueError):
+class DataError(AstraFlowError, ValueError):
     """A data folder or file that does not have AgentBench's layout; says what was expected."""
 
 

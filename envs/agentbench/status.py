@@ -11,7 +11,7 @@ from enum import Enum
 from envs.base import TaskError
 
 
-class SampleStatus(str, Enum):
+class SampleStatus(str, Enum):  # noqa: UP042 (StrEnum would change str(member), which reports use)
     RUNNING = "running"
     COMPLETED = "completed"
     AGENT_CONTEXT_LIMIT = "agent context limit"

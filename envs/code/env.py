@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from envs.base import TaskError, TextEnv
+from envs.base import StateMixin, TaskError, TextEnv
 from envs.code.extract import assemble, extract_code
 from envs.code.harness import build_program, parse_report, plan_tests
 
@@ -44,7 +44,7 @@ SAMPLE_TASKS = (
 )
 
 
-class CodeEnv(TextEnv):
+class CodeEnv(StateMixin, TextEnv):
     """Single-turn code generation scored by unit tests in a sandbox."""
 
     family: ClassVar[str] = "code"
@@ -129,6 +129,13 @@ class CodeEnv(TextEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         self._closed = False
         return super().reset(seed=seed, options=options)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The task and turn (the test plan is re-derived from the task; the sandbox is chosen
+        afresh on first use, and each attempt runs as a program of its own, so no sandbox state
+        is saved)."""
+        self._closed = False
+        super().load_state_dict(state)
 
     # --- TextEnv --------------------------------------------------------------------------------
     def sample_task(self, rng) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from envs.base import TaskError, TextEnv
+from envs.base import StateMixin, TaskError, TextEnv
 from envs.math.answer import answers_match, extract_answer
 
 #: Sample tasks for checks and demos: plain arithmetic plus answers that need symbolic grading.
@@ -29,8 +29,11 @@ def _text_field(task: dict[str, Any], name: str, env_name: str) -> str:
     return value
 
 
-class MathEnv(TextEnv):
-    """A math problem answered once; correctness checked symbolically with math-verify."""
+class MathEnv(StateMixin, TextEnv):
+    """A math problem answered once; correctness checked symbolically with math-verify.
+
+    Saves its state between turns (``state_dict``: the task, the turn; the gold answer is
+    re-derived from the task), so a multi-turn episode resumes on another node."""
 
     family: ClassVar[str] = "math"
     description: ClassVar[str] = "Math problem, one answer, graded with math-verify"

@@ -13,13 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO, ClassVar
 
+from astraflow.errors import AstraFlowError
+
 #: File the program text is written to inside the work dir.
 MAIN_FILE = "main.py"
 #: Working directory of the program inside an isolated sandbox.
 SANDBOX_WORKDIR = "/work"
 
 
-class SandboxError(RuntimeError):
+class SandboxError(AstraFlowError, RuntimeError):
     """The sandbox itself could not run (backend missing, image absent, engine down)."""
 
 
@@ -107,7 +109,10 @@ class Sandbox(ABC):
         Why from any thread: a rollout node runs ``run`` in a worker thread and, when the env call
         exceeds ``rollout.env_timeout_s``, closes the env from another thread; the running program
         must die then, so that the stuck ``run`` returns and its thread is freed. Backends that
-        hold more (a Docker client) call ``super().close()`` first."""
+        hold more (a Docker client) call ``super().close()`` first. A run that starts after (or
+        while) ``close`` runs is killed as soon as it registers: a Docker container still being
+        created when ``close`` came would otherwise run to its wall clock."""
+        self._run_tracker().close()
         self.abort_runs()
 
     # --- runs in flight -------------------------------------------------------------------------
@@ -144,12 +149,21 @@ class RunTracker:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._runs: set[threading.Event] = set()
+        self._closed = False
 
     def begin(self) -> threading.Event:
+        """A new run's abort event: already set once the sandbox is closed."""
         abort = threading.Event()
         with self._cond:
             self._runs.add(abort)
+            if self._closed:
+                abort.set()
         return abort
+
+    def close(self) -> None:
+        """From now on every run is aborted as soon as it begins."""
+        with self._cond:
+            self._closed = True
 
     def end(self, abort: threading.Event) -> None:
         with self._cond:

@@ -107,7 +107,6 @@ class DockerSandbox(Sandbox):
         limits: Limits | None = None,
     ) -> RunResult:
         import docker.errors
-        from docker.types import Ulimit
 
         req = prepare_run(program, files, command, stdin, limits)
         limits = req.limits
@@ -119,8 +118,35 @@ class DockerSandbox(Sandbox):
         }
         fsize = limits.file_size_mb * 1024 * 1024
         work_mb = max(limits.file_size_mb * 4, 16)
+        # Registered before the container exists: a close() while it is being created (a second
+        # or more on a busy engine) finds the run and kills the container once it starts.
+        abort = self.begin_run()
         try:
-            container = self.client.containers.create(
+            container = self._create(req, limits, environment, fsize, work_mb)
+        except BaseException:
+            self.end_run(abort)
+            raise
+        try:
+            return self._run_container(container, limits, abort)
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"the sandbox container failed to run: {exc}") from exc
+        finally:
+            try:
+                container.remove(force=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.DockerException:
+                time.sleep(0.2)
+                container.remove(force=True)
+            finally:
+                self.end_run(abort)
+
+    def _create(self, req, limits: Limits, environment: dict[str, str], fsize: int, work_mb: int):
+        import docker.errors
+        from docker.types import Ulimit
+
+        try:
+            return self.client.containers.create(
                 self.image,
                 command=["python3", "-I", "-c", BOOT],
                 environment=environment,
@@ -152,25 +178,15 @@ class DockerSandbox(Sandbox):
             )
         except docker.errors.DockerException as exc:
             raise SandboxError(f"could not create a sandbox container: {exc}") from exc
-        abort = self.begin_run()
-        try:
-            return self._run_container(container, limits, abort)
-        except docker.errors.DockerException as exc:
-            raise SandboxError(f"the sandbox container failed to run: {exc}") from exc
-        finally:
-            try:
-                container.remove(force=True)
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.DockerException:
-                time.sleep(0.2)
-                container.remove(force=True)
-            finally:
-                self.end_run(abort)
 
     def _run_container(self, container, limits: Limits, abort: threading.Event) -> RunResult:
         import docker.errors
 
+        if abort.is_set():  # closed while the container was being created: never start it
+            return RunResult(
+                exit_code=None, stdout="", stderr="", killed_reason="closed", backend=self.name,
+                details={"container": container.short_id, "image": self.image},
+            )  # fmt: skip
         cap = limits.output_bytes
         bufs = {1: bytearray(), 2: bytearray()}
         truncated = {1: False, 2: False}

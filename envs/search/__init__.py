@@ -10,4 +10,10 @@ SPECS: list[EnvSpec] = [
         family="search",
         description="Multi-turn QA with <search> over a local BM25 index",
     ),
+    EnvSpec(
+        id="astraflow/SearchTools-v0",
+        entry_point="envs.search.tools_env:SearchToolsEnv",
+        family="search",
+        description="Multi-turn QA with search(query) and open(doc_id) tools (function calling)",
+    ),
 ]

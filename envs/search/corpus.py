@@ -15,8 +15,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from astraflow.errors import AstraFlowError
 
-class CorpusError(ValueError):
+
+class CorpusError(AstraFlowError, ValueError):
     """A corpus or QA file that cannot be used; names the file, the line and what was expected."""
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.search.corpus import Passage, load_corpus_jsonl, passages_to_rows, write_jsonl
+from envs.search.corpus import Passage, passages_to_rows, write_jsonl
 
 #: Bump when the generation rules change, so stale caches are not reused.
 GENERATOR_VERSION = 1
@@ -147,10 +147,6 @@ def ensure_stdlib_set(root: Path | None = None) -> StdlibSet:
     write_jsonl(result.qa_path, make_questions(passages))
     write_jsonl(result.corpus_path, passages_to_rows(passages))
     return result
-
-
-def stdlib_passages(root: Path | None = None) -> list[Passage]:
-    return load_corpus_jsonl(ensure_stdlib_set(root).corpus_path)
 
 
 def stdlib_questions(split: str | None = None, root: Path | None = None) -> list[dict[str, Any]]:

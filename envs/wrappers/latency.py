@@ -47,7 +47,10 @@ import gymnasium as gym
 import numpy as np
 
 DISTRIBUTIONS = ("lognormal", "fixed", "uniform", "pareto")
-CALLS = ("step", "reset")
+#: Which calls a wrapper can delay: every ``step``, ``reset``, or only ``tool_calls``, the steps
+#: whose action is tool calls (a function-calling env such as ``astraflow/Tools-v0``: the tool runs
+#: there, while a final answer's grading is not a tool call and is not delayed).
+CALLS = ("step", "reset", "tool_calls")
 #: z-score of the 99th percentile of a standard normal (2.3263...).
 Z99 = NormalDist().inv_cdf(0.99)
 _NDTRI = np.vectorize(NormalDist().inv_cdf, otypes=[float])
@@ -316,6 +319,20 @@ class LatencySampler:
 
 # ----------------------------------------------------------------------------- wrapper
 
+
+def is_tool_call_action(action: Any) -> bool:
+    """Whether an env action is tool calls (what ``astraflow/Tools-v0`` runs as tools) rather
+    than text or any other action."""
+    if isinstance(action, str):
+        return False
+    from envs.tools.env import tool_calls_of  # lazy: the wrapper serves every env family
+
+    try:
+        return tool_calls_of(action) is not None
+    except TypeError:  # not a function-calling action at all
+        return False
+
+
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 #: Threads of the shared pool that runs wrapped sync envs after an async delay. Small on purpose:
@@ -334,13 +351,19 @@ def _pool() -> ThreadPoolExecutor:
 class LatencyWrapper(gym.Wrapper):
     """Delays the wrapped env's calls by draws from a :class:`LatencyDistribution`.
 
-    ``on``: which calls are delayed, a subset of ("step", "reset"); step only by default (a tool
-    call per action; starting an episode is usually cheap). ``inner``: how the wrapped env's sync
+    ``on``: which calls are delayed, a subset of ("step", "reset", "tool_calls"); step only by
+    default (a tool call per action; starting an episode is usually cheap). ``tool_calls`` delays
+    only the steps whose action is tool calls (:func:`is_tool_call_action`). ``inner``: how the wrapped env's sync
     call runs after an async delay, "thread" (shared pool, default) or "inline" (on the loop).
     ``seed``: the stream of delays (int or ``numpy.random.SeedSequence``).
+    ``scale``: a callable giving the factor on each delay now (a load that changes mid-run).
     Counters ``calls``, ``delayed_s`` and the list ``delays`` (the last 10,000) are kept for
     measurement.
     """
+
+    #: holds no episode state: the wrapped env's ``state_dict`` saves the episode (a resumed
+    #: episode draws fresh delays)
+    state_passthrough = True
 
     def __init__(
         self,
@@ -350,6 +373,7 @@ class LatencyWrapper(gym.Wrapper):
         seed: int | np.random.SeedSequence | None = None,
         on: Iterable[str] = ("step",),
         inner: str = "thread",
+        scale: Callable[[], float] | None = None,
         **params: Any,
     ):
         super().__init__(env)
@@ -371,6 +395,8 @@ class LatencyWrapper(gym.Wrapper):
             raise ValueError(f"latency `inner` must be 'thread' or 'inline', got {inner!r}")
         self.on = frozenset(on)
         self.inner = inner
+        #: the load's factor now (a schedule of phases, see :class:`LatencySchedule`); 1 if None
+        self.scale = scale
         self.sampler = LatencySampler(dist, seed)
         self.calls = 0
         self.delayed_s = 0.0
@@ -381,10 +407,13 @@ class LatencyWrapper(gym.Wrapper):
         return self.sampler.dist
 
     def next_delay(self, call: str) -> float:
-        """The delay of the next ``call`` ("step" or "reset"): 0 when that call is not delayed."""
+        """The delay of the next ``call`` ("step", "reset" or "tool_calls"): 0 when that call is
+        not delayed."""
         if call not in self.on:
             return 0.0
         d = self.sampler.draw()
+        if self.scale is not None:
+            d *= self.scale()
         self.calls += 1
         self.delayed_s += d
         if len(self.delays) < 10_000:
@@ -398,8 +427,15 @@ class LatencyWrapper(gym.Wrapper):
             time.sleep(delay)
         return self.env.reset(seed=seed, options=options)
 
+    def step_delay(self, action: Any) -> float:
+        """The delay of a step taking ``action``: every step under ``on = ["step"]``, only the
+        tool calls under ``on = ["tool_calls"]``."""
+        if "step" not in self.on and is_tool_call_action(action):
+            return self.next_delay("tool_calls")
+        return self.next_delay("step")
+
     def step(self, action):
-        delay = self.next_delay("step")
+        delay = self.step_delay(action)
         if delay > 0:
             time.sleep(delay)
         return self.env.step(action)
@@ -423,7 +459,7 @@ class LatencyWrapper(gym.Wrapper):
         return await self._inner("areset", self.env.reset, seed=seed, options=options)
 
     async def astep(self, action):
-        delay = self.next_delay("step")
+        delay = self.step_delay(action)
         if delay > 0:
             await asyncio.sleep(delay)
         return await self._inner("astep", self.env.step, action)
@@ -439,6 +475,25 @@ class LatencyWrapper(gym.Wrapper):
 # ----------------------------------------------------------------------------- factory
 
 
+@dataclass(frozen=True)
+class LatencySchedule:
+    """A load that changes during a run: ``phases`` are (from_step, scale) in step order; at a
+    step before the first phase the scale is 1. ``step`` says where the run is (on a node: the
+    newest weight version it has heard of, which is the trainer's step count), so every node,
+    one started late included, is in the same phase at the same point of training."""
+
+    phases: tuple[tuple[int, float], ...]
+    step: Callable[[], int]
+
+    def __call__(self) -> float:
+        now, factor = self.step(), 1.0
+        for from_step, scale in self.phases:
+            if now < from_step:
+                break
+            factor = scale
+        return factor
+
+
 def stream_id(name: str | int) -> int:
     """A stable 32-bit id for a stream name (a node name), the same in every process."""
     return int(name) if isinstance(name, int) else zlib.crc32(str(name).encode())
@@ -450,6 +505,8 @@ class LatencyEnvFactory:
     Env number k of stream ``stream`` (e.g. the node's name) gets the delay stream
     ``SeedSequence(seed, spawn_key=(stream_id(stream), k))``: reproducible for a given seed and
     creation order, distinct for every env and every node.
+    With ``phases`` in the config and a ``step`` callable (where the run is), every delay is
+    scaled by the phase the run is in (:class:`LatencySchedule`).
     """
 
     def __init__(
@@ -459,17 +516,22 @@ class LatencyEnvFactory:
         *,
         seed: int,
         stream: str | int = 0,
+        step: Callable[[], int] | None = None,
     ):
         if hasattr(config, "model_dump"):
             config = config.model_dump()
         config = dict(config or {})
         self.make_env = make_env
+        phases = tuple(
+            (int(ph["from_step"]), float(ph["scale"])) for ph in config.get("phases") or ()
+        )
+        self.schedule = LatencySchedule(phases, step) if phases and step is not None else None
         self.on = tuple(config.get("on") or ("step",))
         self.inner = config.get("inner") or "thread"
         if config.get("seed") is not None:
             seed = int(config["seed"])
         self.dist = LatencyDistribution.from_config(
-            {k: v for k, v in config.items() if k not in ("on", "inner", "seed")}
+            {k: v for k, v in config.items() if k not in ("on", "inner", "seed", "phases")}
         )
         self.seed = int(seed)
         self.stream = stream_id(stream)
@@ -484,4 +546,7 @@ class LatencyEnvFactory:
             k = self._count
             self._count += 1
         env = self.make_env(env_id, kwargs)
-        return LatencyWrapper(env, self.dist, seed=self.seed_for(k), on=self.on, inner=self.inner)
+        return LatencyWrapper(
+            env, self.dist, seed=self.seed_for(k), on=self.on, inner=self.inner,
+            scale=self.schedule,
+        )  # fmt: skip

@@ -10,7 +10,7 @@ recorded identically, so everything that is not the task lives here once:
   whose pauses are taken out of TRL's clock, the ``step``/``eval`` events in AstraFlow's
   ``metrics.jsonl`` format, the measurement of generation time, and ``trl.json``;
 * :func:`run_worker` (the benchmark side): the subprocess, its environment, and the
-  :class:`~_harness.RunResult` read back from what the worker wrote.
+  :class:`~_results.RunResult` read back from what the worker wrote.
 
 A benchmark supplies only what differs: its dataset rows, reward functions, an optional
 ``rollout_func`` (agentic's multi-turn episodes) and the extra fields it records.
@@ -27,7 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import _harness as H
+import _evaluation
+import _records
+import _results
+import _runs
 
 Fields = Callable[[], dict[str, Any]]
 
@@ -41,6 +44,8 @@ def grpo_settings(recipe) -> dict[str, Any]:
         "temperature": policy.sampling.temperature,
         "top_p": policy.sampling.top_p,
         "max_tokens": policy.sampling.max_tokens,
+        # max_tokens x max_turns, as AstraFlow's trainer has it (see grpo_config)
+        "max_completion_length": recipe.max_completion_length(recipe.workflow.roles["agent"]),
         "group_size": recipe.tasks.group_size,
         "groups_per_step": policy.trainer.groups_per_step,
         "learning_rate": policy.trainer.learning_rate,
@@ -70,6 +75,47 @@ def add_worker_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--settings", default="{}", help=argparse.SUPPRESS)
 
 
+def grpo_config(cfg: dict[str, Any], *, seed: int, steps: int, out: Path):
+    """``GRPOConfig`` with the recipe's settings (``cfg`` from :func:`grpo_settings`): constant
+    learning rate, one optimizer step per ``groups_per_step`` groups, float32 on the CPU, no
+    shuffling, dropout or logging. The trainer parity test builds TRL from this same function."""
+    from trl import GRPOConfig
+
+    group = cfg["group_size"]
+    return GRPOConfig(
+        output_dir=str(out / "trl"),
+        seed=seed,
+        max_steps=steps,
+        num_generations=group,
+        per_device_train_batch_size=group * cfg["groups_per_step"],
+        gradient_accumulation_steps=1,
+        learning_rate=cfg["learning_rate"],
+        lr_scheduler_type="constant",
+        loss_type=cfg["loss_type"],
+        beta=cfg["beta"],
+        epsilon=cfg["epsilon"],
+        max_grad_norm=cfg["max_grad_norm"],
+        scale_rewards=cfg["scale_rewards"],
+        # AstraFlow's trainer's value, dr_grpo's normaliser (single-turn: max_tokens); a
+        # multi-turn rollout_func caps each turn at max_tokens itself
+        max_completion_length=cfg["max_completion_length"],
+        temperature=cfg["temperature"],
+        top_p=cfg["top_p"],
+        top_k=0,
+        shuffle_dataset=False,
+        disable_dropout=True,
+        use_cpu=True,
+        bf16=False,  # TRL defaults to bf16 autocast; AstraFlow's CPU trainer is float32
+        fp16=False,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        log_completions=False,
+        dataloader_num_workers=0,
+    )
+
+
 # ----------------------------------------------------------------------------- worker side
 
 
@@ -78,7 +124,7 @@ class Worker:
     """One TRL training run inside the worker subprocess: what it loaded and its clock.
 
     ``clock()`` is absolute time minus the evaluation pauses: TRL evaluates in a callback that
-    stops training, and that pause says nothing about training speed (``_harness`` docstring).
+    stops training, and that pause says nothing about training speed (``_records`` docstring).
     """
 
     ns: argparse.Namespace
@@ -122,7 +168,7 @@ class Worker:
         tokenizer = load_tokenizer(path)
         tokenizer.padding_side = "left"
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        score = H.env_scorer(cfg["env"], cfg["env_kwargs"]) if held_out else None
+        score = _evaluation.env_scorer(cfg["env"], cfg["env_kwargs"]) if held_out else None
         return cls(ns, cfg, out, train, held_out, tokenizer, model, score)
 
     def clock(self) -> float:
@@ -134,11 +180,10 @@ class Worker:
             f.write(json.dumps(record) + "\n")
 
     def evaluate(self, step: int, model) -> None:
-        """Greedy held-out accuracy of ``model`` (the bench's common code), off the clock."""
+        """Held-out accuracy of ``model`` (the bench's common code), off the clock."""
         started = time.time()
-        acc = H.greedy_accuracy(
-            model, self.tokenizer, self.held_out, self.cfg["max_tokens"], self.score
-        )
+        accuracy = _evaluation.accuracy_function(self.cfg)  # greedy math, or tool episodes
+        acc = accuracy(model, self.tokenizer, self.held_out, self.cfg["max_tokens"], self.score)
         took = time.time() - started
         self.eval_s += took
         self.write({"type": "eval", "policy": "policy", "step": step, "accuracy": acc,
@@ -184,62 +229,38 @@ class Worker:
 
         return HeldOutEval()
 
-    def config(self):
-        """``GRPOConfig`` with the recipe's settings: constant learning rate, one optimizer step
-        per ``groups_per_step`` groups, float32 on the CPU, no shuffling, dropout or logging."""
-        from trl import GRPOConfig
-
-        cfg, ns, group = self.cfg, self.ns, self.cfg["group_size"]
-        return GRPOConfig(
-            output_dir=str(self.out / "trl"),
-            seed=ns.seed,
-            max_steps=ns.steps,
-            num_generations=group,
-            per_device_train_batch_size=group * cfg["groups_per_step"],
-            gradient_accumulation_steps=1,
-            learning_rate=cfg["learning_rate"],
-            lr_scheduler_type="constant",
-            loss_type=cfg["loss_type"],
-            beta=cfg["beta"],
-            epsilon=cfg["epsilon"],
-            max_grad_norm=cfg["max_grad_norm"],
-            scale_rewards=cfg["scale_rewards"],
-            # multi-turn rollout_func: per turn, as generation_config.max_new_tokens
-            max_completion_length=cfg["max_tokens"],
-            temperature=cfg["temperature"],
-            top_p=cfg["top_p"],
-            top_k=0,
-            shuffle_dataset=False,
-            disable_dropout=True,
-            use_cpu=True,
-            bf16=False,  # TRL defaults to bf16 autocast; AstraFlow's CPU trainer is float32
-            fp16=False,
-            report_to=[],
-            logging_steps=1,
-            save_strategy="no",
-            disable_tqdm=True,
-            log_completions=False,
-            dataloader_num_workers=0,
-        )
+    def config(self, **overrides: Any):
+        """``GRPOConfig`` with the recipe's settings (:func:`grpo_config`), plus ``overrides``."""
+        config = grpo_config(self.cfg, seed=self.ns.seed, steps=self.ns.steps, out=self.out)
+        for key, value in overrides.items():
+            setattr(config, key, value)
+        return config
 
     def train(
         self, rows: list[dict[str, Any]], reward_funcs: Sequence[Callable[..., list[float]]],
         rollout_func: Callable[..., dict[str, Any]] | None = None,
         step_fields: Fields | None = None, info_fields: Fields | None = None,
+        tools: Sequence[Callable[..., Any]] | None = None,
+        config_overrides: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
         """Train on ``rows`` (the dataset, in order) and write ``trl.json`` (training start,
-        end on the clock, evaluation and generation seconds, plus ``info_fields()``)."""
+        end on the clock, evaluation and generation seconds, plus ``info_fields()``).
+
+        ``tools``: TRL's own function calling (``GRPOTrainer(tools=...)``: its chat-template
+        rendering, ``parse_response`` and tool loop); ``config_overrides``: ``GRPOConfig`` fields
+        beyond the recipe's (e.g. ``max_tool_calling_iterations``)."""
         from datasets import Dataset
         from trl import GRPOTrainer
 
         trainer = GRPOTrainer(
             model=self.model,
             reward_funcs=list(reward_funcs),
-            args=self.config(),
+            args=self.config(**(config_overrides or {})),
             train_dataset=Dataset.from_list(rows),
             processing_class=self.tokenizer,
             callbacks=[self.callback(step_fields)],
             rollout_func=rollout_func,
+            tools=list(tools) if tools else None,
         )
         generate = trainer._generate_and_score_completions
 
@@ -270,8 +291,8 @@ def run_worker(
     script: Path, system: str, seed: int, steps: int, eval_every: int, eval_tasks: int,
     threads: int, out: Path, log: Path, timeout_s: float, settings: dict[str, Any],
     env: dict[str, str] | None = None,
-    extras: Callable[[H.PolicyResult, list[dict[str, Any]], dict[str, Any]], None] | None = None,
-) -> H.RunResult:  # fmt: skip
+    extras: Callable[[_results.PolicyResult, list[dict[str, Any]], dict[str, Any]], None] | None = None,
+) -> _results.RunResult:  # fmt: skip
     """Run ``script --trl-worker`` in a subprocess and read its result back.
 
     Timed from ``on_train_begin`` (start-up reported apart); trainer idle = the share of training
@@ -286,10 +307,10 @@ def run_worker(
     ]  # fmt: skip
     # PASSIVE: idle OpenMP threads sleep instead of spinning. On a busy 2-core machine a spinning
     # 2-thread torch runs 10-20x slower (measured: 64x12-token generate 0.3s -> 4.6s).
-    child = H.child_env(threads, {"OMP_WAIT_POLICY": "PASSIVE", **(env or {})})
-    outcome = H.run_subprocess(argv, log, timeout_s, child)
-    result = H.RunResult(system, seed, ok=False, wall_s=outcome.wall_s, run_dir=str(out))
-    records = H.read_jsonl(out / "metrics.jsonl")
+    child = _runs.child_env(threads, {"OMP_WAIT_POLICY": "PASSIVE", **(env or {})})
+    outcome = _runs.run_subprocess(argv, log, timeout_s, child)
+    result = _results.RunResult(system, seed, ok=False, wall_s=outcome.wall_s, run_dir=str(out))
+    records = _records.read_jsonl(out / "metrics.jsonl")
     info_path = out / "trl.json"
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
     begin = info.get("train_begin")
@@ -297,8 +318,8 @@ def run_worker(
         begin = min((float(r["time"]) for r in records if "time" in r), default=outcome.started)
     result.startup_s = begin - outcome.started
     result.t0 = begin
-    res = H.summarize_policy(records, "policy", begin)
-    steps_recs = H.step_records(records, "policy")
+    res = _results.summarize_policy(records, "policy", begin)
+    steps_recs = _records.step_records(records, "policy")
     if steps_recs and res.train_s:
         generate_s = float(steps_recs[-1]["generate_s_total"])
         res.idle_fraction = min(1.0, generate_s / res.train_s)
@@ -317,6 +338,6 @@ def run_worker(
     if res.steps == 0:
         problems.append("no TRL step recorded")
     if problems:
-        result.error = "; ".join(problems) + "\n" + H._log_tail(log)
+        result.error = "; ".join(problems) + "\n" + _runs._log_tail(log)
     result.ok = not problems
     return result

@@ -22,8 +22,13 @@ any try is right), sampling, learning rate, group size, loss (DAPO, beta 0) and 
 * ``astraflow_async``: the same recipe, default asynchronous dataflow: ~1000 episodes in flight on
   the node, most of them waiting on the tool, while the trainer trains on what has come back.
 
-Reported: time to a ladder of held-out accuracies (greedy, first answer, on the arith test split,
-evaluated by the bench off every system's clock as in ``vs_trl.py``), samples/s, trainer idle
+Reported: time to a fixed target set before any run (the start accuracy + 0.03) and to a fixed
+ladder of held-out accuracies (0.20-0.40; greedy, first answer, on the arith test split, evaluated
+by the bench off every system's clock as in ``vs_trl.py``), with seeds paired: per-seed speed-ups
+(geometric mean, 95 % interval) and the final-accuracy gap async minus sync at equal trained
+samples (mean, 95 % interval); keys ``speedup_vs_trl``, ``speedup_async_over_sync`` (ratios of
+censored median times to the target), ``final_acc_gap_async_vs_sync`` and its ``_ci95``, the
+paired details under ``*_paired``. Also samples/s, trainer idle
 fraction, episodes in flight (mean/max over the training window) and the straggler bound: what a
 lock-step system must wait per step for the tail of the latency distribution, E[max of n draws] per
 turn, against the mean an asynchronous system pays.
@@ -40,9 +45,31 @@ runs a turn's sandbox calls concurrently in as many threads as a rollout node ha
 (``rollout.env_workers``). JSON: ``sandbox.<system>.*``, ``sandbox.speedup_async_over_sync_samples_per_s``,
 ``sandbox.speedup_async_over_trl_samples_per_s``.
 
+A third case (``--cases tools``; part of the full run) is function calling with TRL's *own* tool
+loop: ``recipes/agentic_tools.toml``, the built-in tiny tools policy (``builtin:tiny-tools``)
+calling a ``calculator`` in the hermes format (``<tool_call>{json}</tool_call>``) on 3-digit
+products, one turn to call and one to answer, every tool call behind the same latency
+distribution (``[tasks.env_latency]``, ``on = ["tool_calls"]``: the calls wait, the final answer's
+grading does not). TRL runs ``GRPOTrainer(tools=[calculator])`` (``_trl_tools.py``): its chat
+template rendering with ``tools=``, its ``parse_response`` (the tokenizer's ``response_template``
+for the hermes format, set by the bench because TRL's ``add_response_schema`` knows only published
+templates), its ``_tool_call_loop`` (``max_tool_calling_iterations = max_turns - 1``) and an async
+tool that waits the drawn delay. TRL 1.16's loop awaits one sample's calls before the next
+sample's, so its tool time per step is the sum of the batch's delays; that is the loop as shipped,
+not a bench choice. Differences left: TRL caps a whole completion at ``max_tokens x max_turns``
+(200) where AstraFlow caps each turn at ``max_tokens`` (100); an unknown tool's error text differs
+(TRL ``{'error': 'Tool calc not found.'}``, AstraFlow ``error: no tool named 'calc'``).
+Reported per system: samples/s, training time, held-out success before and after (sampled
+episodes at the recipe's temperature 1.0, ``eval_samples`` per problem, played as the
+``tool_agent`` workflow plays them, off every clock: what RL moves, see ``tool_learning.py``),
+trainer idle, the tool wait per step; ``tools.speedup_vs_trl`` and ``tools.speedup_async_over_sync``
+are ratios of samples/s at equal trained samples (= ratios of training times), medians over seeds.
+JSON: ``tools.<system>.final_acc``, ``tools.<system>.samples_per_s``, ...
+
     python tests/bench/agentic.py --quick --json /tmp/agentic.json        # math, 1 seed, ~2.5 min
-    python tests/bench/agentic.py --seeds 3 --json /tmp/agentic.json --plot /tmp/agentic.png
+    python tests/bench/agentic.py --json /tmp/agentic.json --plot /tmp/agentic.png  # 8 seeds x 20 steps
     python tests/bench/agentic.py --cases sandbox --json /tmp/agentic-sandbox.json
+    python tests/bench/agentic.py --quick --cases tools --json /tmp/agentic-tools.json  # ~6 min
 """
 
 from __future__ import annotations
@@ -50,7 +77,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sqlite3
 import sys
 import time
 from collections.abc import Callable
@@ -58,12 +84,21 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import _harness as H
+import _cli
+import _evaluation
+import _plots
+import _records
+import _report
+import _results
+import _runs
+import _stats
 import _trl as T
+import _trl_tools
 
-RECIPE = H.REPO_ROOT / "recipes" / "agentic_math.toml"
-CODE_RECIPE = H.REPO_ROOT / "recipes" / "agentic_code.toml"
-RECIPES = {"math": RECIPE, "sandbox": CODE_RECIPE}
+RECIPE = _runs.REPO_ROOT / "recipes" / "agentic_math.toml"
+CODE_RECIPE = _runs.REPO_ROOT / "recipes" / "agentic_code.toml"
+TOOLS_RECIPE = _runs.REPO_ROOT / "recipes" / "agentic_tools.toml"
+RECIPES = {"math": RECIPE, "sandbox": CODE_RECIPE, "tools": TOOLS_RECIPE}
 CASES = tuple(RECIPES)
 SYSTEMS = ("trl", "astraflow_sync", "astraflow_async")
 COLOURS = {"trl": "tab:blue", "astraflow_sync": "tab:orange", "astraflow_async": "tab:red"}
@@ -86,15 +121,31 @@ NOTES = [
 # Run sizes. The lock-step baselines pay the latency tail at every turn (TRL ~25 s, sync ~16 s per
 # step; async ~4 s, trainer-bound), so one math step costs ~45 s of wall time over the three
 # systems, plus ~40 s of start-ups and a few seconds per 500-problem evaluation (off the clocks):
-# 8 steps x 3 seeds ~25 min, and the sandbox case ~4 min. 500 held-out problems keep one
-# evaluation's standard error near 0.018 (0.028 at 200), which matters because the headline times
-# the systems to TRL's final accuracy, a point that one noisy evaluation can move.
-# --quick (math, 1 seed, 2 steps, 100 problems) takes ~2.5 minutes.
-STEPS = 8
-EVAL_EVERY = 2
+# the full run, 8 seeds x 20 steps, takes ~2.5 hours on a quiet 2-core machine. 20 steps keep the
+# first steps (a pipeline filling up) a small part of the run; 8 seeds paired by seed give the
+# intervals. 500 held-out problems keep one evaluation's standard error near 0.02.
+# --quick (math, 1 seed, 2 steps, 100 problems) takes ~2.5 minutes and writes every key (the
+# intervals need two seeds or more, the target a run long enough to reach it).
+STEPS = 20
+EVAL_EVERY = 4
 EVAL_TASKS = 500
+SEEDS = 8
 SANDBOX_STEPS = 6
+# The tools case: 20 steps (tool_learning.py's quick run shows the gain by then), 3 seeds,
+# evaluations at 0, 10 and 20 on 200 held-out problems x 2 sampled episodes. One TRL step waits
+# ~64 delays in sequence (~40 s); --quick: 2 steps, 1 seed, 50 problems x 2, start and end only.
+TOOLS_STEPS = 20
+TOOLS_SEEDS = 3
+TOOLS_EVAL_EVERY = 10
+TOOLS_EVAL_TASKS = 200
+TOOLS_EVAL_SAMPLES = 2
 QUICK_STEPS = 2
+#: The fixed accuracy ladder every system is timed to (held-out greedy first answer).
+LADDER = tuple(round(0.20 + 0.01 * i, 2) for i in range(21))
+#: The headline target: the start accuracy plus this, fixed before any run (the start is the
+#: same checkpoint for every system). Not a point of any system's result distribution.
+TARGET_GAIN = 0.03
+
 
 # ----------------------------------------------------------------------------- settings
 
@@ -108,6 +159,7 @@ def recipe_settings(
     recipe = load_recipe(recipe_path, overrides or [])
     latency = recipe.tasks.env_latency
     return T.grpo_settings(recipe) | {
+        "tool_parser": recipe.policies[recipe.workflow.roles["agent"]].tool_parser,
         "max_turns": recipe.workflow.max_turns,
         "env_latency": latency.model_dump() if latency is not None else None,
         "concurrency": recipe.rollout.concurrency,
@@ -130,8 +182,13 @@ def latency_distribution(settings: dict[str, Any]):
 
 
 def trl_worker(ns: argparse.Namespace) -> None:
-    """Stock ``trl.GRPOTrainer`` with a multi-turn ``rollout_func``; AstraFlow-format metrics."""
+    """Stock ``trl.GRPOTrainer`` with a multi-turn ``rollout_func``; AstraFlow-format metrics.
+    The tools case runs TRL's own tool loop instead (:func:`_trl_tools.trl_tools_worker`)."""
+    if json.loads(ns.settings).get("case") == "tools":
+        _trl_tools.trl_tools_worker(ns)
+        return
     import asyncio
+    import copy
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
@@ -173,13 +230,16 @@ def trl_worker(ns: argparse.Namespace) -> None:
         return result
 
     def generate(trainer, seqs: list[list[int]]) -> list[list[int]]:
-        """One batched sampling call, as TRL's own transformers path does it."""
-        ids, mask = H.left_pad(seqs, tokenizer.pad_token_id)
+        """One batched sampling call, as TRL's own transformers path does it, capped at the
+        recipe's ``max_tokens`` per turn (TRL's ``max_completion_length`` is the episode's)."""
+        ids, mask = _evaluation.left_pad(seqs, tokenizer.pad_token_id)
         width = ids.shape[1]
         unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+        per_turn = copy.deepcopy(trainer.generation_config)
+        per_turn.max_new_tokens = cfg["max_tokens"]
         with torch.no_grad():
             full = unwrapped.generate(
-                input_ids=ids, attention_mask=mask, generation_config=trainer.generation_config
+                input_ids=ids, attention_mask=mask, generation_config=per_turn
             )
         outs = []
         eos = set(trainer.eos_token_ids)
@@ -285,16 +345,17 @@ def trl_worker(ns: argparse.Namespace) -> None:
 def run_trl(
     seed: int, steps: int, eval_every: int, eval_tasks: int, threads: int, workdir: Path,
     timeout_s: float, settings: dict[str, Any], case: str = "math",
-) -> H.RunResult:  # fmt: skip
+) -> _results.RunResult:  # fmt: skip
     return T.run_worker(
         Path(__file__), "trl", seed, steps, eval_every, eval_tasks, threads,
         workdir / f"{case}-trl-s{seed}", workdir / f"{case}-trl-s{seed}.log", timeout_s, settings,
-        env={"TRL_EXPERIMENTAL_SILENCE": "1"}, extras=_trl_extras,
+        env={"TRL_EXPERIMENTAL_SILENCE": "1"},
+        extras=_trl_tools_extras if case == "tools" else _trl_extras,
     )  # fmt: skip
 
 
 def _trl_extras(
-    res: H.PolicyResult, steps_recs: list[dict[str, Any]], info: dict[str, Any]
+    res: _results.PolicyResult, steps_recs: list[dict[str, Any]], info: dict[str, Any]
 ) -> None:
     """The agentic figures of a TRL run: tool wait, episodes in flight and active per turn (from
     its step events), the sandbox's run times and its env calls' wall times (from trl.json)."""
@@ -309,28 +370,38 @@ def _trl_extras(
         res.extra["env_call_s"] = info.get("call_s") or []
 
 
+def _trl_tools_extras(
+    res: _results.PolicyResult, steps_recs: list[dict[str, Any]], info: dict[str, Any]
+) -> None:
+    """The tools case's TRL figures: tool wait per step (its calls run one after another, so the
+    sum of their delays) and calls per step, and the delays drawn."""
+    if steps_recs:
+        last = steps_recs[-1]
+        res.extra["env_wait_s_per_step"] = float(last["env_wait_s_total"]) / len(steps_recs)
+        res.extra["tool_calls_per_step"] = float(last["tool_calls_total"]) / len(steps_recs)
+    res.extra["tool_delays_s"] = info.get("tool_delays_s") or []
+
+
 # ----------------------------------------------------------------------------- AstraFlow
 
 
 def lease_occupancy(
-    db_path: Path, t_start: float, t_end: float
+    summary: dict[str, Any] | None, t_start: float, t_end: float
 ) -> tuple[float | None, int | None, dict[str, int]]:
-    """Episodes in flight on the rollout nodes over [t_start, t_end], from the dataflow store.
+    """Episodes in flight on the rollout nodes over [t_start, t_end], from the run's
+    ``run_summary`` record (what the dataflow wrote to metrics.jsonl as it stopped).
 
-    A training lease holds its group's episodes from ``issued_at`` until the node pushes them (the
-    episodes' ``created_at``). Returns the time-weighted mean, the maximum, and the drop counts by
-    reason (what the dataflow policies discarded, e.g. samples past the staleness bound)."""
-    if not Path(db_path).exists() or t_end <= t_start:
+    A training lease holds its group's episodes from when it was issued until the node pushes
+    them. Returns the time-weighted mean, the maximum, and the drop counts by ``policy:reason``
+    (what the dataflow policies discarded, e.g. samples past the staleness bound)."""
+    if summary is None or t_end <= t_start:
         return None, None, {}
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=10.0)
-    try:
-        rows = conn.execute(
-            "SELECT l.issued_at, MIN(e.created_at), COUNT(e.id) FROM leases l "
-            "JOIN episodes e ON e.lease_id = l.id WHERE e.is_eval = 0 GROUP BY l.id"
-        ).fetchall()
-        drops = {f"{p}:{r}": int(c) for p, r, c in conn.execute("SELECT * FROM drops")}
-    finally:
-        conn.close()
+    rows = [(issued, pushed, n) for _, issued, pushed, n in summary.get("leases", [])]
+    drops = {
+        f"{p}:{r}": int(c)
+        for p, doc in ((summary.get("status") or {}).get("policies") or {}).items()
+        for r, c in (doc.get("dropped") or {}).items()
+    }
     events: list[tuple[float, int]] = []
     for issued, pushed, n in rows:
         a, b = max(float(issued), t_start), min(float(pushed), t_end)
@@ -352,28 +423,28 @@ def lease_occupancy(
 
 def episode_sandbox_runs(db_path: Path) -> tuple[list[float], list[float]]:
     """The sandbox's own duration of each training episode's last run (the env's info, as the
-    node stored it) and the episodes' returns, from the dataflow store."""
+    node stored it) and the episodes' returns: a per-episode figure no run summary carries, read
+    from the finished run's store through the dataflow's storage functions (no SQL here)."""
+    from astraflow.dataflow.storage import episodes, store
+
     if not Path(db_path).exists():
         return [], []
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=10.0)
-    try:
-        rows = conn.execute("SELECT info, rewards FROM episodes WHERE is_eval = 0").fetchall()
-    finally:
-        conn.close()
+    with store.read_only(db_path) as tx:
+        rows = episodes.training_outcomes(tx)
     durations, returns = [], []
-    for info, rewards in rows:
-        info = json.loads(info or "{}") or {}
+    for row in rows:
+        info = json.loads(row.info or "{}") or {}
         run = (info.get("info") or info).get("sandbox")  # the env's info, as the node nests it
         if isinstance(run, dict) and isinstance(run.get("duration_s"), (int, float)):
             durations.append(float(run["duration_s"]))
-        returns += [float(v) for v in (json.loads(rewards or "{}") or {}).values()]
+        returns += [float(v) for v in (json.loads(row.rewards or "{}") or {}).values()]
     return durations, returns
 
 
 def run_astraflow(
     mode: str, seed: int, steps: int, eval_every: int, eval_tasks: int, workdir: Path,
     timeout_s: float, settings: dict[str, Any], extra: list[str], case: str = "math",
-) -> H.RunResult:  # fmt: skip
+) -> _results.RunResult:  # fmt: skip
     import vs_trl
 
     overrides = [
@@ -387,7 +458,7 @@ def run_astraflow(
         f"policies.policy.trainer.keep_versions={steps + 1}",
         *extra,
     ]
-    result = H.run_recipe(
+    result = _runs.run_recipe(
         RECIPES[case], overrides, system=f"astraflow_{mode}", seed=seed,
         workdir=workdir / case if case != "math" else workdir, timeout_s=timeout_s,
         final_eval=None, eval_grace_s=0.0,
@@ -403,9 +474,8 @@ def run_astraflow(
                 run_dir / "dataflow.db"
             )
         if result.t0 is not None and res.train_s:
-            mean, peak, drops = lease_occupancy(
-                run_dir / "dataflow.db", result.t0, result.t0 + res.train_s
-            )
+            summary = _records.run_summary(_records.read_jsonl(run_dir / "metrics.jsonl"))
+            mean, peak, drops = lease_occupancy(summary, result.t0, result.t0 + res.train_s)
             res.extra["episodes_in_flight_mean"] = mean
             res.extra["episodes_in_flight_max"] = peak
             res.extra["drops"] = drops
@@ -415,54 +485,95 @@ def run_astraflow(
 # ----------------------------------------------------------------------------- analysis
 
 
-def analyse(runs: list[H.RunResult], settings: dict[str, Any]) -> dict[str, Any]:
-    ok = H.successful_runs(runs, SYSTEMS)
-    by_system = {s: [r.policies["policy"] for r in rs] for s, rs in ok.items()}
-    before = H.spread(p.accuracy_before for ps in by_system.values() for p in ps).median
-    trl_final = H.spread(p.accuracy_final for p in by_system.get("trl", [])).median
-    # The ladder: every 0.01 from just above the start to the best median final accuracy.
-    finals = [H.spread(p.accuracy_final for p in ps).median for ps in by_system.values() if ps]
-    top = max((f for f in finals if f is not None), default=None)
-    levels = H.accuracy_levels(before, top)
+def analyse(runs: list[_results.RunResult], settings: dict[str, Any]) -> dict[str, Any]:
+    """Per-system figures over seeds, and the race to the fixed target paired by seed.
+
+    The target is set before any run from the start accuracy (the median step-0 evaluation, the
+    same checkpoint for every system) plus :data:`TARGET_GAIN`; the ladder is :data:`LADDER`.
+    Speed-ups are the ratio of censored median times to the target (a seed that never reaches it
+    ranks last), with the per-seed ratios' geometric mean and 95 % interval where both systems of
+    a seed reached it. Final accuracies are at equal trained samples (every system trains the same
+    steps of the same batch size), compared per seed: async minus sync, mean and 95 % interval.
+    """
+    ok = _results.successful_runs(runs, SYSTEMS)
+    by_seed = {s: {r.seed: r.policies["policy"] for r in rs} for s, rs in ok.items()}
+    by_system = {s: list(d.values()) for s, d in by_seed.items()}
+    before = _stats.spread(p.accuracy_before for ps in by_system.values() for p in ps).median
+    target = round(before + TARGET_GAIN, 4) if before is not None else None
+    tta = {
+        s: {k: _records.time_to_accuracy(p.evals, target) if target else None for k, p in d.items()}
+        for s, d in by_seed.items()
+    }
     systems: dict[str, Any] = {}
     for s, ps in by_system.items():
-        tta_trl = [H.time_to_accuracy(p.evals, trl_final) if trl_final else None for p in ps]
         systems[s] = {
-            **H.throughput_json(ok[s]),
-            "acc_before": H.spread_json(H.spread(p.accuracy_before for p in ps)),
-            "final_acc": H.spread_json(H.spread(p.accuracy_final for p in ps)),
-            "trainer_idle": H.spread_json(H.spread(p.idle_fraction for p in ps)),
+            **_results.throughput_json(ok[s]),
+            "trained_samples": _stats.spread_json(_stats.spread(p.trained_samples for p in ps)),
+            "acc_before": _stats.spread_json(_stats.spread(p.accuracy_before for p in ps)),
+            "final_acc": _stats.spread_json(_stats.spread(p.accuracy_final for p in ps)),
+            "final_acc_mean_sd": _stats.paired(p.accuracy_final for p in ps),
+            "trainer_idle": _stats.spread_json(_stats.spread(p.idle_fraction for p in ps)),
             "episodes_in_flight": {
-                "mean": H.spread_json(H.spread(p.extra.get("episodes_in_flight_mean") for p in ps)),
-                "max": H.spread_json(H.spread(p.extra.get("episodes_in_flight_max") for p in ps)),
+                "mean": _stats.spread_json(
+                    _stats.spread(p.extra.get("episodes_in_flight_mean") for p in ps)
+                ),
+                "max": _stats.spread_json(
+                    _stats.spread(p.extra.get("episodes_in_flight_max") for p in ps)
+                ),
             },
-            "time_to_trl_final_acc_s": H.spread_json(H.censored_spread(tta_trl)),
-            "time_to_trl_final_acc_reached": sum(t is not None for t in tta_trl),
+            "time_to_target_s": _stats.spread_json(_stats.censored_spread(list(tta[s].values()))),
+            "time_to_target_reached": sum(t is not None for t in tta[s].values()),
             "time_to_acc": {
-                f"{lvl:.2f}": H.censored_spread(
-                    [H.time_to_accuracy(p.evals, lvl) for p in ps]
+                f"{lvl:.2f}": _stats.censored_spread(
+                    [_records.time_to_accuracy(p.evals, lvl) for p in ps]
                 ).median
-                for lvl in levels
+                for lvl in LADDER
             },
-            "env_wait_s_per_step": H.spread_json(
-                H.spread(p.extra.get("env_wait_s_per_step") for p in ps)
+            "env_wait_s_per_step": _stats.spread_json(
+                _stats.spread(p.extra.get("env_wait_s_per_step") for p in ps)
             ),
-            "generate_s_per_step": H.spread_json(
-                H.spread(p.extra.get("generate_s_per_step") for p in ps)
+            "generate_s_per_step": _stats.spread_json(
+                _stats.spread(p.extra.get("generate_s_per_step") for p in ps)
             ),
-            "staleness_mean": H.spread_json(H.spread(p.extra.get("staleness_mean") for p in ps)),
+            "staleness_mean": _stats.spread_json(
+                _stats.spread(p.extra.get("staleness_mean") for p in ps)
+            ),
             "drops": [p.extra.get("drops") for p in ps if p.extra.get("drops") is not None],
         }
-    tta = {s: systems[s]["time_to_trl_final_acc_s"]["median"] for s in systems}
+
+    def common(a: str, b: str) -> list[int]:
+        return sorted(set(by_seed.get(a, {})) & set(by_seed.get(b, {})))
+
+    def paired_speedup(baseline: str, system: str) -> dict[str, Any]:
+        seeds = common(baseline, system)
+        return _stats.paired_speedup(
+            [tta[baseline][k] for k in seeds], [tta[system][k] for k in seeds]
+        )
+
+    gap = _stats.paired(
+        by_seed["astraflow_async"][k].accuracy_final - by_seed["astraflow_sync"][k].accuracy_final
+        for k in common("astraflow_async", "astraflow_sync")
+        if by_seed["astraflow_async"][k].accuracy_final is not None
+        and by_seed["astraflow_sync"][k].accuracy_final is not None
+    )
+    med = {s: systems[s]["time_to_target_s"]["median"] for s in systems}
     return {
         "accuracy_before": before,
-        "trl_final_acc": trl_final,
-        "ladder": [f"{lvl:.2f}" for lvl in levels],
+        "target_acc": target,
+        "target_gain": TARGET_GAIN,
+        "ladder": [f"{lvl:.2f}" for lvl in LADDER],
         "systems": systems,
-        "speedup_vs_trl": H.ratio(tta.get("trl"), tta.get("astraflow_async")),
-        "speedup_async_over_sync": H.ratio(tta.get("astraflow_sync"), tta.get("astraflow_async")),
-        "speedup_sync_vs_trl": H.ratio(tta.get("trl"), tta.get("astraflow_sync")),
-        "samples_per_s_async_over_trl": H.ratio(
+        "speedup_vs_trl": _stats.ratio(med.get("trl"), med.get("astraflow_async")),
+        "speedup_vs_trl_paired": paired_speedup("trl", "astraflow_async"),
+        "speedup_async_over_sync": _stats.ratio(
+            med.get("astraflow_sync"), med.get("astraflow_async")
+        ),
+        "speedup_async_over_sync_paired": paired_speedup("astraflow_sync", "astraflow_async"),
+        "speedup_sync_vs_trl": _stats.ratio(med.get("trl"), med.get("astraflow_sync")),
+        "final_acc_gap_async_vs_sync": gap["mean"],
+        "final_acc_gap_async_vs_sync_ci95": gap["ci95"],
+        "final_acc_gap_async_vs_sync_paired": gap,
+        "samples_per_s_async_over_trl": _stats.ratio(
             systems.get("astraflow_async", {}).get("samples_per_s", {}).get("median"),
             systems.get("trl", {}).get("samples_per_s", {}).get("median"),
         ),
@@ -476,7 +587,7 @@ def quantile(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))] if xs else None
 
 
-def analyse_sandbox(runs: list[H.RunResult], settings: dict[str, Any]) -> dict[str, Any]:
+def analyse_sandbox(runs: list[_results.RunResult], settings: dict[str, Any]) -> dict[str, Any]:
     """Throughput figures of the sandbox case (the tiny policy's pass rate stays ~0: no ladder)."""
     out: dict[str, Any] = {"settings": settings}
     for s in SYSTEMS:
@@ -491,13 +602,13 @@ def analyse_sandbox(runs: list[H.RunResult], settings: dict[str, Any]) -> dict[s
         rewards = [p.reward_final for p in ps if p.reward_final is not None]
         out[s] = {
             "runs": len(ps),
-            "train_s": H.spread(p.train_s for p in ps).median,
-            "samples_per_s": H.spread(p.samples_per_s for p in ps).median,
-            "trained_samples": H.spread(p.trained_samples for p in ps).median,
-            "trainer_idle": H.spread(p.idle_fraction for p in ps).median,
+            "train_s": _stats.spread(p.train_s for p in ps).median,
+            "samples_per_s": _stats.spread(p.samples_per_s for p in ps).median,
+            "trained_samples": _stats.spread(p.trained_samples for p in ps).median,
+            "trainer_idle": _stats.spread(p.idle_fraction for p in ps).median,
             "episodes_in_flight": {
-                "mean": H.spread(p.extra.get("episodes_in_flight_mean") for p in ps).median,
-                "max": H.spread(p.extra.get("episodes_in_flight_max") for p in ps).median,
+                "mean": _stats.spread(p.extra.get("episodes_in_flight_mean") for p in ps).median,
+                "max": _stats.spread(p.extra.get("episodes_in_flight_max") for p in ps).median,
             },
             # the sandbox's own run time (bwrap + python + tests), last run of each episode
             "sandbox_call_s": {
@@ -516,20 +627,20 @@ def analyse_sandbox(runs: list[H.RunResult], settings: dict[str, Any]) -> dict[s
             "return_mean": (sum(returns) / len(returns))
             if returns
             else (sum(rewards) / len(rewards) if rewards else None),
-            "staleness_mean": H.spread(p.extra.get("staleness_mean") for p in ps).median,
+            "staleness_mean": _stats.spread(p.extra.get("staleness_mean") for p in ps).median,
         }
 
     def sps(system: str) -> float | None:
         return (out.get(system) or {}).get("samples_per_s")
 
-    out["speedup_async_over_sync_samples_per_s"] = H.ratio(
+    out["speedup_async_over_sync_samples_per_s"] = _stats.ratio(
         sps("astraflow_async"), sps("astraflow_sync")
     )
-    out["speedup_async_over_trl_samples_per_s"] = H.ratio(sps("astraflow_async"), sps("trl"))
+    out["speedup_async_over_trl_samples_per_s"] = _stats.ratio(sps("astraflow_async"), sps("trl"))
     return out
 
 
-def print_sandbox_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
+def print_sandbox_report(summary: dict[str, Any], runs: list[_results.RunResult]) -> None:
     rows = []
     for s in SYSTEMS:
         d = summary.get(s)
@@ -539,19 +650,19 @@ def print_sandbox_report(summary: dict[str, Any], runs: list[H.RunResult]) -> No
         rows.append(
             [
                 s,
-                H.fmt(d["train_s"], "{:.0f}", "s"),
-                H.fmt(d["samples_per_s"], "{:.1f}"),
-                H.fmt(d["trainer_idle"], "{:.2f}"),
-                H.fmt(d["episodes_in_flight"]["mean"], "{:.0f}")
+                _report.fmt(d["train_s"], "{:.0f}", "s"),
+                _report.fmt(d["samples_per_s"], "{:.1f}"),
+                _report.fmt(d["trainer_idle"], "{:.2f}"),
+                _report.fmt(d["episodes_in_flight"]["mean"], "{:.0f}")
                 + " / "
-                + H.fmt(d["episodes_in_flight"]["max"], "{:.0f}"),
-                f"{H.fmt(call['p50'], '{:.2f}', 's')} / {H.fmt(call['p99'], '{:.2f}', 's')}"
+                + _report.fmt(d["episodes_in_flight"]["max"], "{:.0f}"),
+                f"{_report.fmt(call['p50'], '{:.2f}', 's')} / {_report.fmt(call['p99'], '{:.2f}', 's')}"
                 + (f" (wall {wall['p50']:.2f}s / {wall['p99']:.2f}s)" if wall else ""),
-                H.fmt(d["return_mean"], "{:.3f}"),
+                _report.fmt(d["return_mean"], "{:.3f}"),
             ]
         )
-    H.console.print(
-        H.table(
+    _report.console.print(
+        _report.table(
             "Agentic code in a real bubblewrap sandbox (throughput; the tiny policy cannot code, "
             "so its pass rate stays ~0)",
             [
@@ -566,14 +677,14 @@ def print_sandbox_report(summary: dict[str, Any], runs: list[H.RunResult]) -> No
             rows,
         )  # fmt: skip
     )
-    H.console.print(
+    _report.console.print(
         "samples/s: async over sync "
-        f"[bold]{H.fmt(summary['speedup_async_over_sync_samples_per_s'], '{:.2f}', 'x')}[/], "
-        f"async over TRL [bold]{H.fmt(summary['speedup_async_over_trl_samples_per_s'], '{:.2f}', 'x')}[/]"
+        f"[bold]{_report.fmt(summary['speedup_async_over_sync_samples_per_s'], '{:.2f}', 'x')}[/], "
+        f"async over TRL [bold]{_report.fmt(summary['speedup_async_over_trl_samples_per_s'], '{:.2f}', 'x')}[/]"
     )
     for r in runs:
         if not r.ok:
-            H.console.print(f"[red]sandbox {r.system} seed {r.seed} failed:[/] {r.error}")
+            _report.console.print(f"[red]sandbox {r.system} seed {r.seed} failed:[/] {r.error}")
 
 
 def sandbox_unavailable() -> str | None:
@@ -597,7 +708,9 @@ def sandbox_unavailable() -> str | None:
     return None
 
 
-def straggler_report(settings: dict[str, Any], trl_runs: list[H.PolicyResult]) -> dict[str, Any]:
+def straggler_report(
+    settings: dict[str, Any], trl_runs: list[_results.PolicyResult]
+) -> dict[str, Any]:
     """The bound computed from the latency distribution: per step, a lock-step batch waits
     E[max of n draws] at each turn; observed turn counts from the TRL runs where available."""
     from envs.wrappers.latency import straggler_bound
@@ -626,8 +739,8 @@ def straggler_report(settings: dict[str, Any], trl_runs: list[H.PolicyResult]) -
     return bound
 
 
-def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
-    sp = H.spread_text
+def print_report(summary: dict[str, Any], runs: list[_results.RunResult]) -> None:
+    sp = _report.spread_text
     rows = []
     for s, d in summary["systems"].items():
         rows.append(
@@ -638,18 +751,19 @@ def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
                 sp(d["samples_per_s"], "{:.1f}"),
                 sp(d["acc_before"], "{:.3f}"),
                 sp(d["final_acc"], "{:.3f}"),
-                sp(d["time_to_trl_final_acc_s"], "{:.0f}", "s")
-                + f" ({d['time_to_trl_final_acc_reached']}/{d['runs']})",
+                sp(d["time_to_target_s"], "{:.0f}", "s")
+                + f" ({d['time_to_target_reached']}/{d['runs']})",
                 sp(d["trainer_idle"], "{:.2f}"),
                 sp(d["episodes_in_flight"]["mean"], "{:.0f}")
                 + " / "
                 + sp(d["episodes_in_flight"]["max"], "{:.0f}"),
             ]
         )
-    H.console.print(
-        H.table(
+    _report.console.print(
+        _report.table(
             "Agentic multi-turn math with long-tailed tool latency (median [min–max] over seeds; "
-            f"time to TRL's final accuracy {H.fmt(summary['trl_final_acc'], '{:.3f}')})",
+            f"target {_report.fmt(summary['target_acc'], '{:.3f}')} = start "
+            f"{_report.fmt(summary['accuracy_before'], '{:.3f}')} + {summary['target_gain']})",
             [
                 "system",
                 "runs",
@@ -657,23 +771,45 @@ def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
                 "samples/s",
                 "acc before",
                 "acc final",
-                "time to TRL acc",
+                "time to target",
                 "trainer idle",
                 "in flight mean / max",
             ],
             rows,
         )  # fmt: skip
     )
-    H.console.print(
-        f"speed-up to TRL's final accuracy: async over TRL "
-        f"[bold]{H.fmt(summary['speedup_vs_trl'], '{:.2f}', 'x')}[/] (target >= 3x), "
-        f"async over sync [bold]{H.fmt(summary['speedup_async_over_sync'], '{:.2f}', 'x')}[/] "
-        f"(target >= 2x), sync over TRL {H.fmt(summary['speedup_sync_vs_trl'], '{:.2f}', 'x')}; "
-        f"samples/s async / TRL {H.fmt(summary['samples_per_s_async_over_trl'], '{:.1f}', 'x')}"
+
+    def paired_text(p: dict[str, Any]) -> str:
+        if not p["reached"]:
+            return "no seed where both reached it"
+        ci = p["ci95"]
+        return (
+            f"per seed {p['geo_mean']:.2f}x"
+            + (f" [95% {ci[0]:.2f}-{ci[1]:.2f}x]" if ci else "")
+            + f" over {p['reached']} seeds"
+            + (f", +{p['only_system']} where only async did" if p["only_system"] else "")
+        )
+
+    gap = summary["final_acc_gap_async_vs_sync_paired"]
+    _report.console.print(
+        f"speed-up to the target: async over TRL "
+        f"[bold]{_report.fmt(summary['speedup_vs_trl'], '{:.2f}', 'x')}[/] (target >= 3x; "
+        f"{paired_text(summary['speedup_vs_trl_paired'])}), async over sync "
+        f"[bold]{_report.fmt(summary['speedup_async_over_sync'], '{:.2f}', 'x')}[/] (target >= 2x; "
+        f"{paired_text(summary['speedup_async_over_sync_paired'])}), sync over TRL "
+        f"{_report.fmt(summary['speedup_sync_vs_trl'], '{:.2f}', 'x')}; samples/s async / TRL "
+        f"{_report.fmt(summary['samples_per_s_async_over_trl'], '{:.1f}', 'x')}"
+    )
+    ci = gap["ci95"]
+    _report.console.print(
+        f"final accuracy at equal trained samples, async - sync: "
+        f"[bold]{_report.fmt(gap['mean'], '{:+.3f}')}[/]"
+        + (f" (sd {gap['sd']:.3f}, 95% [{ci[0]:+.3f}, {ci[1]:+.3f}])" if ci else "")
+        + f" over {gap['n']} paired seeds"
     )
     b = summary["straggler"]
     dist = b["distribution"]
-    H.console.print(
+    _report.console.print(
         f"straggler bound ({dist['distribution']}, p50 {dist['p50_s']:.2f}s, p99 "
         f"{dist['p99_s']:.2f}s, mean {dist['mean_s']:.2f}s): over a batch of {b['batch']} calls "
         f"the slowest takes E\\[max] = {b['expected_max_s']:.2f}s (median {b['median_max_s']:.2f}s), "
@@ -688,13 +824,14 @@ def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
     )
     trl = summary["systems"].get("trl")
     if trl and trl["env_wait_s_per_step"]["median"] is not None:
-        H.console.print(
+        _report.console.print(
             f"TRL measured: {trl['env_wait_s_per_step']['median']:.1f}s of tool wait and "
             f"{trl['generate_s_per_step']['median']:.1f}s of rollout (generation + tools) per step"
         )
     systems = summary["systems"]
-    H.print_ladder(
-        "median seconds to reach each held-out accuracy ('-' = not reached by half the seeds)",
+    _report.print_ladder(
+        "median seconds to reach each held-out accuracy of the fixed ladder ('-' = not reached by "
+        "half the seeds)",
         list(systems),
         {
             lvl: {s: d["time_to_acc"].get(lvl) for s, d in systems.items()}
@@ -703,59 +840,120 @@ def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
     )
     for s, d in summary["systems"].items():
         if d["drops"]:
-            H.console.print(f"[dim]{s} dropped samples by reason (per run): {d['drops']}[/]")
-    H.print_failures(runs, NOTES)
+            _report.console.print(f"[dim]{s} dropped samples by reason (per run): {d['drops']}[/]")
+    _report.print_failures(runs, NOTES)
 
 
-def plot(runs: list[H.RunResult], path: Path) -> Path | None:
-    return H.plot_accuracy(
+def plot(runs: list[_results.RunResult], path: Path) -> Path | None:
+    return _plots.plot_accuracy(
         runs, path, COLOURS, "Multi-turn math, long-tailed tool latency: one line per seed",
         "seconds since training start (evaluation pauses excluded; symlog)", symlog=True,
         marker="o", ms=3,
     )  # fmt: skip
 
 
+def analyse_tools(runs: list[_results.RunResult], settings: dict[str, Any]) -> dict[str, Any]:
+    """The tools case per system (medians over seeds) and its speed-ups: every system trains the
+    same steps of the same batch, so the ratio of samples/s is the ratio of training times at
+    equal trained samples; accuracy at those equal samples is reported beside it."""
+    out: dict[str, Any] = {"settings": settings}
+    for s in SYSTEMS:
+        ps = [
+            r.policies["policy"] for r in runs if r.system == s and r.ok and "policy" in r.policies
+        ]
+        if not ps:
+            continue
+
+        def med(values) -> float | None:
+            return _stats.spread(values).median
+
+        out[s] = {
+            "runs": len(ps),
+            "train_s": med(p.train_s for p in ps),
+            "samples_per_s": med(p.samples_per_s for p in ps),
+            "trained_samples": med(p.trained_samples for p in ps),
+            "acc_before": med(p.accuracy_before for p in ps),
+            "final_acc": med(p.accuracy_final for p in ps),
+            "final_acc_per_seed": [p.accuracy_final for p in ps],
+            "reward_final": med(p.reward_final for p in ps),
+            "trainer_idle": med(p.idle_fraction for p in ps),
+            "tool_wait_s_per_step": med(p.extra.get("env_wait_s_per_step") for p in ps),
+            "tool_calls_per_step": med(p.extra.get("tool_calls_per_step") for p in ps),
+            "episodes_in_flight": {
+                "mean": med(p.extra.get("episodes_in_flight_mean") for p in ps),
+                "max": med(p.extra.get("episodes_in_flight_max") for p in ps),
+            },
+        }
+
+    def sps(system: str) -> float | None:
+        return (out.get(system) or {}).get("samples_per_s")
+
+    out["speedup_vs_trl"] = _stats.ratio(sps("astraflow_async"), sps("trl"))
+    out["speedup_async_over_sync"] = _stats.ratio(sps("astraflow_async"), sps("astraflow_sync"))
+    out["speedup_sync_vs_trl"] = _stats.ratio(sps("astraflow_sync"), sps("trl"))
+    return out
+
+
+def print_tools_report(summary: dict[str, Any], runs: list[_results.RunResult]) -> None:
+    f = _report.fmt
+    rows = [
+        [
+            s, str(d["runs"]), f(d["train_s"], "{:.0f}", "s"), f(d["samples_per_s"], "{:.2f}"),
+            f(d["acc_before"], "{:.3f}"), f(d["final_acc"], "{:.3f}"),
+            f(d["trainer_idle"], "{:.2f}"), f(d["tool_wait_s_per_step"], "{:.1f}", "s"),
+            f(d["episodes_in_flight"]["mean"], "{:.0f}")
+            + " / " + f(d["episodes_in_flight"]["max"], "{:.0f}"),
+        ]
+        for s in SYSTEMS
+        if (d := summary.get(s))
+    ]  # fmt: skip
+    _report.console.print(
+        _report.table(
+            "Function calling behind a slow tool: TRL's own tool loop vs AstraFlow (median over "
+            "seeds; held-out success of sampled tool episodes)",
+            [
+                "system",
+                "runs",
+                "train",
+                "samples/s",
+                "acc before",
+                "acc final",
+                "trainer idle",
+                "TRL tool wait/step",
+                "in flight mean / max",
+            ],
+            rows,
+        )  # fmt: skip
+    )
+    _report.console.print(
+        f"samples/s at equal trained samples: async over TRL "
+        f"[bold]{f(summary['speedup_vs_trl'], '{:.2f}', 'x')}[/], async over sync "
+        f"[bold]{f(summary['speedup_async_over_sync'], '{:.2f}', 'x')}[/], sync over TRL "
+        f"{f(summary['speedup_sync_vs_trl'], '{:.2f}', 'x')}"
+    )
+    for r in runs:
+        if not r.ok:
+            _report.console.print(f"[red]tools {r.system} seed {r.seed} failed:[/] {r.error}")
+
+
 # ----------------------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument(
-        "--quick", action="store_true", help="math case, 1 seed, few steps (under 3 minutes)"
-    )
+    ap = _cli.bench_parser(__doc__)
+    _cli.add_output_flags(ap, quick="math case, 1 seed, few steps (under 3 minutes)")
+    _cli.add_run_flags(ap)
+    _cli.add_comparison_flags(ap, SYSTEMS)
     ap.add_argument(
         "--cases",
         default=None,
-        help=f"comma-separated, some of {', '.join(CASES)} (default: math with --quick, else both)",
+        help=f"comma-separated, some of {', '.join(CASES)} (default: math with --quick, else all)",
     )
     ap.add_argument("--sandbox-steps", type=int, default=None, help="steps of the sandbox case")
     ap.add_argument("--sandbox-seeds", type=int, default=1, help="seeds of the sandbox case")
-    ap.add_argument("--json", type=Path, help="write the results here")
-    ap.add_argument("--plot", type=Path, default=None, help="PNG of accuracy against time")
-    ap.add_argument("--from-json", type=Path, default=None, help="re-analyse a saved --json")
-    ap.add_argument("--seeds", type=int, default=None, help="seeds per system (default 3)")
-    ap.add_argument("--steps", type=int, default=None, help="optimizer steps")
-    ap.add_argument("--eval-every", type=int, default=None, help="evaluate every k steps")
-    ap.add_argument("--eval-tasks", type=int, default=None, help="held-out problems per eval")
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
-    ap.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL run")
-    ap.add_argument("--timeout", type=float, default=None, help="per-run limit in seconds")
-    ap.add_argument("--workdir", type=Path, default=None, help="keep runs here (default: temp)")
-    ap.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="recipe override for every system (e.g. tasks.env_latency.p99_s=2)",
-    )
-    ap.add_argument(
-        "--af-set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="recipe override for the AstraFlow runs only (tuning; recorded in the results)",
-    )
+    ap.add_argument("--tools-steps", type=int, default=None, help="steps of the tools case")
+    ap.add_argument("--tools-seeds", type=int, default=None, help="seeds of the tools case")
+    _cli.add_set_flag(ap)
     T.add_worker_args(ap)
     ns = ap.parse_args(argv)
     if ns.trl_worker:
@@ -763,13 +961,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     settings = recipe_settings(ns.sets)
-    seeds = ns.seeds or (1 if ns.quick else 3)
+    seeds = ns.seeds or (1 if ns.quick else SEEDS)
     steps = ns.steps or (QUICK_STEPS if ns.quick else STEPS)
     eval_every = ns.eval_every or (1 if ns.quick else EVAL_EVERY)
     eval_tasks = ns.eval_tasks or (100 if ns.quick else EVAL_TASKS)
     timeout = ns.timeout or (300.0 if ns.quick else 1200.0)
-    systems = H.parse_systems(ap, ns.systems, SYSTEMS)
-    cases = [c.strip() for c in (ns.cases or ("math" if ns.quick else "math,sandbox")).split(",")]
+    # a full tools run: TRL's 20 steps wait ~25 s of tool calls each, plus 3 evaluations of 400
+    # episodes; 40 minutes leave room on a shared machine
+    tools_timeout = ns.timeout or (300.0 if ns.quick else 2400.0)
+    systems = _cli.parse_systems(ap, ns.systems, SYSTEMS)
+    cases = [c.strip() for c in (ns.cases or ("math" if ns.quick else ",".join(CASES))).split(",")]
     if set(cases) - set(CASES):
         ap.error(f"--cases: unknown {sorted(set(cases) - set(CASES))}; expected {', '.join(CASES)}")
     sandbox_steps = ns.sandbox_steps or (QUICK_STEPS if ns.quick else SANDBOX_STEPS)
@@ -782,28 +983,39 @@ def main(argv: list[str] | None = None) -> int:
             sandbox_settings.update(max_steps=sandbox_steps, eval_tasks=0,
                                     seeds=ns.sandbox_seeds, overrides=list(ns.sets))  # fmt: skip
         else:
-            H.console.print(f"[yellow]sandbox case skipped: {sandbox_skipped}[/]")
+            _report.console.print(f"[yellow]sandbox case skipped: {sandbox_skipped}[/]")
+    tools_steps = ns.tools_steps or (QUICK_STEPS if ns.quick else TOOLS_STEPS)
+    tools_seeds = ns.tools_seeds or (1 if ns.quick else TOOLS_SEEDS)
+    tools_settings: dict[str, Any] | None = None
+    if "tools" in cases and not ns.from_json:
+        tools_settings = tools_case_settings(ns.sets, ns.quick, tools_steps, tools_seeds)
     settings.update(max_steps=steps, eval_every=eval_every, eval_tasks=eval_tasks, seeds=seeds)
     settings["overrides"] = list(ns.sets)
     settings["astraflow_extra_overrides"] = list(ns.af_set)
 
-    runs: list[H.RunResult] = []
-    sandbox_runs: list[H.RunResult] = []
+    runs: list[_results.RunResult] = []
+    sandbox_runs: list[_results.RunResult] = []
+    tools_runs: list[_results.RunResult] = []
     if ns.from_json:
         saved = json.loads(ns.from_json.read_text())
-        runs = [H.RunResult.from_json(r) for r in saved["runs"]]
+        runs = [_results.RunResult.from_json(r) for r in saved["runs"]]
         settings = saved["settings"]
         saved_sandbox = saved.get("sandbox") or {}
-        sandbox_runs = [H.RunResult.from_json(r) for r in saved_sandbox.get("runs") or []]
+        sandbox_runs = [_results.RunResult.from_json(r) for r in saved_sandbox.get("runs") or []]
         sandbox_settings = saved_sandbox.get("settings")
         sandbox_skipped = saved_sandbox.get("skipped")
+        saved_tools = saved.get("tools") or {}
+        tools_runs = [_results.RunResult.from_json(r) for r in saved_tools.get("runs") or []]
+        tools_settings = saved_tools.get("settings")
         seeds = 0
     if "math" not in cases:
         seeds = 0
     extra = [*ns.sets, *ns.af_set]
-    with H.bench_workdir(ns.workdir, "astraflow-agentic-") as workdir:
+    math_timeout = timeout
+    with _runs.bench_workdir(ns.workdir, "astraflow-agentic-") as workdir:
         # one case, one system, one seed: the TRL worker or an AstraFlow run of the case's recipe
-        def run(case, system, seed, steps, every, tasks, case_settings) -> H.RunResult:
+        def run(case, system, seed, steps, every, tasks, case_settings) -> _results.RunResult:
+            timeout = tools_timeout if case == "tools" else math_timeout
             if system == "trl":
                 return run_trl(seed, steps, every, tasks, ns.trl_threads, workdir, timeout,
                                case_settings, case=case)  # fmt: skip
@@ -816,12 +1028,19 @@ def main(argv: list[str] | None = None) -> int:
             for system in systems:
                 label = f"{system} seed {seed} ({steps} steps, eval every {eval_every})"
                 job = partial(run, "math", system, seed, steps, eval_every, eval_tasks, settings)
-                runs.append(H.run_logged(label, job, accuracy))
+                runs.append(_runs.run_logged(label, job, accuracy))
         for seed in range(ns.sandbox_seeds if sandbox_settings and not ns.from_json else 0):
             for system in systems:
                 label = f"sandbox {system} seed {seed} ({sandbox_steps} steps)"
                 job = partial(run, "sandbox", system, seed, sandbox_steps, 1, 0, sandbox_settings)
-                sandbox_runs.append(H.run_logged(label, job, throughput))
+                sandbox_runs.append(_runs.run_logged(label, job, throughput))
+        for seed in range(tools_seeds if tools_settings and not ns.from_json else 0):
+            for system in systems:
+                t = tools_settings or {}
+                label = f"tools {system} seed {seed} ({tools_steps} steps)"
+                job = partial(run, "tools", system, seed, tools_steps, t["eval_every"],
+                              t["eval_tasks"], t)  # fmt: skip
+                tools_runs.append(_runs.run_logged(label, job, accuracy))
         summary = analyse(runs, settings) if runs else {}
         if runs:
             print_report(summary, runs)
@@ -831,8 +1050,12 @@ def main(argv: list[str] | None = None) -> int:
             print_sandbox_report(sandbox, sandbox_runs)
         elif sandbox_skipped:
             sandbox = {"skipped": sandbox_skipped}
-            H.console.print(f"[yellow]sandbox case skipped: {sandbox_skipped}[/]")
-        plotted = H.plot_safely(lambda: plot(runs, ns.plot)) if ns.plot and runs else None
+            _report.console.print(f"[yellow]sandbox case skipped: {sandbox_skipped}[/]")
+        tools: dict[str, Any] | None = None
+        if tools_runs:
+            tools = analyse_tools(tools_runs, tools_settings or {})
+            print_tools_report(tools, tools_runs)
+        plotted = _plots.plot_safely(lambda: plot(runs, ns.plot)) if ns.plot and runs else None
         if ns.json:
             payload = {
                 "benchmark": "agentic",
@@ -860,18 +1083,35 @@ def main(argv: list[str] | None = None) -> int:
             }
             if sandbox is not None:
                 payload["sandbox"] = sandbox | {"runs": [r.to_json() for r in sandbox_runs]}
-            H.write_json(ns.json, payload)
-            H.console.print(f"wrote {ns.json}")
-    return 0 if all(r.ok for r in [*runs, *sandbox_runs]) else 1
+            if tools is not None:
+                payload["tools"] = tools | {"runs": [r.to_json() for r in tools_runs]}
+            _report.write_json(ns.json, payload)
+            _report.console.print(f"wrote {ns.json}")
+    return 0 if all(r.ok for r in [*runs, *sandbox_runs, *tools_runs]) else 1
 
 
-def _train_and(label: str, attr: str, spec: str) -> Callable[[H.PolicyResult | None], str]:
+def tools_case_settings(
+    overrides: list[str], quick: bool, steps: int, seeds: int
+) -> dict[str, Any]:
+    """The tools case's settings: the recipe's (after ``overrides``) plus the run sizes and the
+    held-out evaluation (sampled tool episodes at the recipe's temperature)."""
+    settings = recipe_settings(overrides, TOOLS_RECIPE)
+    settings.update(
+        case="tools", max_steps=steps, seeds=seeds, overrides=list(overrides),
+        eval_every=steps if quick else TOOLS_EVAL_EVERY,
+        eval_tasks=50 if quick else TOOLS_EVAL_TASKS,
+        eval_samples=TOOLS_EVAL_SAMPLES, eval_temperature=settings["temperature"],
+    )  # fmt: skip
+    return settings
+
+
+def _train_and(label: str, attr: str, spec: str) -> Callable[[_results.PolicyResult | None], str]:
     """A run's outcome figures: its training seconds and its ``attr`` (e.g. final accuracy)."""
 
-    def figures(pol: H.PolicyResult | None) -> str:
+    def figures(pol: _results.PolicyResult | None) -> str:
         return (
-            f"train {H.fmt(pol.train_s if pol else None, '{:.0f}', 's')}, {label} "
-            f"{H.fmt(getattr(pol, attr) if pol else None, spec)}"
+            f"train {_report.fmt(pol.train_s if pol else None, '{:.0f}', 's')}, {label} "
+            f"{_report.fmt(getattr(pol, attr) if pol else None, spec)}"
         )
 
     return figures

@@ -6,8 +6,8 @@ picks a moment, a service (the dataflow, the trainer or a node) and a fault: SIG
 must restart it) or SIGSTOP for a few seconds then SIGCONT (everyone else must ride it out). After
 the run, the invariants are checked from what it left on disk:
 
-* the run completed (exit 0) and the final version is ``max_steps``: in the dataflow store, in the
-  weight store, and in the last step record; version == step for every step record;
+* the run completed (exit 0) and the final version is ``max_steps``: in the dataflow's run summary
+  (the last record of metrics.jsonl), in the weight store, and in the last step record; version == step for every step record;
 * the step records are 1..max_steps, once each, and each names a different batch; no sample was
   trained twice in the final timeline (no sample id in two acknowledged batches);
 * no task was lost: every training task is done, pending, or leased under a live lease;
@@ -20,6 +20,15 @@ the run, the invariants are checked from what it left on disk:
 JSON keys: ``runs``, ``kills``, ``stops``, ``restarts``, ``runs_completed``,
 ``invariant_violations`` (must be 0), ``steps_final`` (the final version of each run), and
 ``violations`` (what was wrong, per run).
+
+Then the episode trial, with and without saved episodes (``rollout.checkpoint_after_s``): a
+dataflow service and a rollout node (``tests/rollout/scripted_node.py``: the real node with a
+scripted engine that counts the turns it generates) play multi-turn math episodes (6 turns each,
+0.4 s of tool latency per turn); the node is SIGKILLed once it has generated a fixed number of
+turns (in the middle of its second group) and a second node finishes the run. JSON key
+``episode_turns_redone`` (``checkpoints`` / ``no_checkpoints``): turns generated and thrown away,
+i.e. every turn both nodes generated minus the turns of the episodes that were trained;
+``episode_trials`` holds each trial's counts. ``--episodes-only`` runs just this trial.
 """
 
 from __future__ import annotations
@@ -29,7 +38,6 @@ import json
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -38,7 +46,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import _harness as H
+import _records
+import _stamp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
+from node_helpers import Dataflow, multi_turn_recipe, start_node, wait_for  # noqa: E402
 from rich.console import Console
 from rich.table import Table
 
@@ -92,12 +104,12 @@ class RunOutcome:
     violations: list[str] = field(default_factory=list)
 
 
-def _records(run_dir: Path) -> list[dict]:
-    return H.read_jsonl(run_dir / "metrics.jsonl")
+def _metrics(run_dir: Path) -> list[dict]:
+    return _records.read_jsonl(run_dir / "metrics.jsonl")
 
 
 def _steps_done(run_dir: Path) -> int:
-    return max((r["step"] for r in _records(run_dir) if r.get("type") == "step"), default=0)
+    return max((r["step"] for r in _metrics(run_dir) if r.get("type") == "step"), default=0)
 
 
 def _pid(run_dir: Path, name: str) -> int | None:
@@ -148,7 +160,7 @@ def _continue(pid: int) -> None:
 def check_invariants(run_dir: Path, max_steps: int) -> tuple[int | None, list[str]]:
     """(final version, violations) from the run directory: store, weight store, metrics."""
     bad: list[str] = []
-    records = _records(run_dir)
+    records = _metrics(run_dir)
     steps = [r for r in records if r.get("type") == "step"]
     if [r["step"] for r in steps] != list(range(1, max_steps + 1)):
         bad.append(f"step records are {[r['step'] for r in steps]}, not 1..{max_steps}")
@@ -157,36 +169,25 @@ def check_invariants(run_dir: Path, max_steps: int) -> tuple[int | None, list[st
     ids = [r.get("batch_id") for r in steps]
     if len(ids) != len(set(ids)):
         bad.append("a batch appears in two step records")
-    db_path = run_dir / "dataflow.db"
-    if not db_path.exists():
-        return None, [*bad, "no dataflow store"]
-    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
-    try:
-        final = db.execute("SELECT MAX(version) FROM versions WHERE policy='policy'").fetchone()[0]
-        if final != max_steps:
-            bad.append(f"final announced version {final}, expected {max_steps}")
-        acked = db.execute(
-            "SELECT step, id, layout FROM batches WHERE policy='policy' AND state='acked' "
-            "ORDER BY step"
-        ).fetchall()
-        if [s for s, _, _ in acked] != list(range(1, max_steps + 1)):
-            bad.append(f"acknowledged steps in the store: {[s for s, _, _ in acked]}")
-        if steps and [b for _, b, _ in acked] != ids:
-            bad.append("the store's acknowledged batches differ from the step records")
-        sample_ids = [s[0] for _, _, layout in acked for _, entries in json.loads(layout) for s in entries]  # fmt: skip
-        if len(sample_ids) != len(set(sample_ids)):
-            bad.append(f"{len(sample_ids) - len(set(sample_ids))} sample(s) trained twice")
-        lost = db.execute(
-            "SELECT COUNT(*) FROM tasks t WHERE t.is_eval=0 AND t.state='leased' AND NOT EXISTS "
-            "(SELECT 1 FROM leases l WHERE l.task_id=t.id AND l.state='active')"
-        ).fetchone()[0]
-        if lost:
-            bad.append(f"{lost} training task(s) leased with no live lease (lost)")
-        announced = dict(
-            db.execute("SELECT version, created_at FROM versions WHERE policy='policy'").fetchall()
-        )
-    finally:
-        db.close()
+    summary = _records.run_summary(records)
+    if summary is None:
+        return None, [*bad, "no run_summary record: the dataflow service did not stop cleanly"]
+    announced_versions = summary["versions"].get("policy", [])
+    final = max((v for v, _, _ in announced_versions), default=None)
+    if final != max_steps:
+        bad.append(f"final announced version {final}, expected {max_steps}")
+    acked = summary["acked"].get("policy", [])
+    if [s for s, _ in acked] != list(range(1, max_steps + 1)):
+        bad.append(f"acknowledged steps in the store: {[s for s, _ in acked]}")
+    if steps and [b for _, b in acked] != ids:
+        bad.append("the store's acknowledged batches differ from the step records")
+    audit = summary["audit"]
+    if audit["samples_trained_twice"]:
+        bad.append(f"{audit['samples_trained_twice']} sample(s) trained twice")
+    lost = len(audit["lost"]["orphaned"])
+    if lost:
+        bad.append(f"{lost} training task(s) leased with no live lease (lost)")
+    announced = {v: at for v, at, _ in announced_versions}
     evals = [r for r in records if r.get("type") == "eval" and r.get("policy") == "policy"]
     versions = [r["version"] for r in evals]
     if len(versions) != len(set(versions)):
@@ -257,6 +258,90 @@ def summary(outcomes: list[RunOutcome]) -> dict:
     }
 
 
+#: the episode trial: tasks, episodes per task, turns per episode, and when node A is killed
+EPISODE_TASKS, EPISODE_GROUP, EPISODE_TURNS = 6, 2, 6
+#: first group (2 x 6 turns) done, the second group's episodes three or four turns in
+KILL_AFTER_TURNS = EPISODE_GROUP * EPISODE_TURNS + 7
+
+
+def _lines(path: Path) -> int:
+    try:
+        return len(path.read_text().splitlines())
+    except OSError:
+        return 0
+
+
+def episode_trial(workdir: Path, checkpoint_after_s: float | None) -> dict:
+    """Turns generated, turns trained and turns redone when a node dies mid-episode."""
+    from astraflow.dataflow.storage import history
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    node = [sys.executable, str(ROOT / "tests/rollout/scripted_node.py")]
+    calls = {name: workdir / f"{name}.calls" for name in ("A", "B")}
+    df = Dataflow(
+        workdir / "df",
+        multi_turn_recipe(
+            workdir / "runs",
+            "episodes",
+            group=EPISODE_GROUP,
+            n_tasks=EPISODE_TASKS,
+            max_turns=EPISODE_TURNS,
+            checkpoint_after_s=checkpoint_after_s,
+        ),
+    )
+    procs = []
+    try:
+        a = start_node(workdir, df.url, "A", "--reply", "alpha", "--calls-log", str(calls["A"]),
+                       runner=node)  # fmt: skip
+        procs.append(a)
+        wait_for("node A's turns", lambda: _lines(calls["A"]) >= KILL_AFTER_TURNS, every=0.01)
+        a.signal(signal.SIGKILL)
+        a.wait(10)
+        b = start_node(workdir, df.url, "B", "--reply", "beta", "--calls-log", str(calls["B"]),
+                       runner=node)  # fmt: skip
+        procs.append(b)
+        wait_for("every task done", lambda: df.status()["tasks_done"] == EPISODE_TASKS,
+                 timeout=300, every=0.25)  # fmt: skip
+        winners = {t.winner for t in df.read(history.tasks)}
+        kept = [e for e in df.read(history.episodes) if e.lease_id in winners]
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        df.stop()
+    metrics = [e.info.get("metrics", {}) for e in kept]
+    generated = _lines(calls["A"]) + _lines(calls["B"])
+    trained = int(sum(m.get("turns", 0) for m in metrics))
+    return {
+        "checkpoint_after_s": checkpoint_after_s,
+        "turns_generated": generated,
+        "turns_trained": trained,
+        "turns_redone": generated - trained,
+        "killed_after_turns": _lines(calls["A"]),
+        "episodes_resumed": sum(1 for m in metrics if m.get("resumed_turns", 0) > 0),
+        "turns_resumed": int(sum(m.get("resumed_turns", 0) for m in metrics)),
+    }
+
+
+def episode_trials(workdir: Path, trials: int) -> dict:
+    out: dict = {"episode_trials": [], "episode_turns_redone": {}}
+    for mode, after in (("checkpoints", 0.0), ("no_checkpoints", None)):
+        redone = []
+        for i in range(trials):
+            with console.status(f"episode trial {mode} {i + 1}/{trials}…"):
+                trial = episode_trial(workdir / f"episodes-{mode}-{i}", after)
+            out["episode_trials"].append({"mode": mode, **trial})
+            redone.append(trial["turns_redone"])
+        out["episode_turns_redone"][mode] = sum(redone) / len(redone)
+    table = Table(title="episodes when a node dies mid-episode (turns)")
+    for col in ("mode", "generated", "trained", "redone", "episodes resumed", "turns resumed"):
+        table.add_column(col, justify="right")
+    for t in out["episode_trials"]:
+        table.add_row(t["mode"], *(str(t[k]) for k in ("turns_generated", "turns_trained",
+                      "turns_redone", "episodes_resumed", "turns_resumed")))  # fmt: skip
+    console.print(table)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="2 runs of 16 steps, 3 faults each")
@@ -266,14 +351,23 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="first seed")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--keep", type=Path, default=None, help="keep the runs here")
+    ap.add_argument(
+        "--episodes-only", action="store_true", help="only the episode trial (no chaos runs)"
+    )
     args = ap.parse_args()
     runs = args.runs or (2 if args.quick else 5)
     steps = args.steps or (16 if args.quick else 30)
     faults = args.faults or (3 if args.quick else 6)
     outcomes = []
+    trials = 1 if args.quick else 3
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
         workdir = args.keep.resolve() if args.keep else Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
+        episodes = episode_trials(workdir, trials)
+        if args.episodes_only:
+            if args.json:
+                _stamp.write_json(args.json, episodes)
+            return 0
         for i in range(runs):
             with console.status(f"chaos run {i + 1}/{runs} (seed {args.seed + i})…"):
                 o = run_once(workdir, args.seed + i, steps, faults)
@@ -282,7 +376,7 @@ def main() -> int:
             for v in o.violations:
                 console.print(f"   [red]{v}[/]")
             outcomes.append(o)
-    result = summary(outcomes)
+    result = {**summary(outcomes), **episodes}
     table = Table(title=f"chaos: {runs} runs x {steps} steps, {faults} faults each")
     for col in ("runs", "kills", "stops", "restarts", "completed", "violations", "final versions"):
         table.add_column(col, justify="right")
@@ -291,7 +385,7 @@ def main() -> int:
     console.print(table)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        _stamp.write_json(args.json, result)
     return 0 if result["invariant_violations"] == 0 else 1
 
 

@@ -26,7 +26,7 @@ fetches each file once over the link from the trainer's weight server; its nodes
    first group the region delivers again;
 4. ``r0`` leaves (SIGTERM: it finishes or releases its groups and deregisters);
 5. the run trains to ``max_steps``; then ``tasks_lost`` and ``tasks_duplicated`` are computed from
-   the store (``tests/bench/_store_checks.py``; both must be 0) with episodes/s per region.
+   the dataflow's own audit (``tests/bench/_store_checks.py``; both must be 0) with episodes/s per region.
 
 Needs root, iproute2 and /dev/net/tun; skips with the reason otherwise (the JSON then says
 ``skipped``). Everything it creates (namespaces, devices, routes, processes) is removed on exit.
@@ -50,13 +50,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import _harness as H
 import _netns as N
+import _records
+import _report
+import _runs
 import _store_checks as C
 
-sys.path.insert(0, str(H.REPO_ROOT))
+sys.path.insert(0, str(_runs.REPO_ROOT))
 
-RECIPE = H.REPO_ROOT / "recipes" / "agentic_math.toml"
+RECIPE = _runs.REPO_ROOT / "recipes" / "agentic_math.toml"
 POLICY = "policy"
 REGION = "remote"
 
@@ -402,48 +404,18 @@ def cache_activity(log: Path) -> dict[str, int]:
     return out
 
 
-def _versions_between(db: Path, t0: float, t1: float) -> list[tuple[int, float]]:
-    conn = C.open_ro(db)
-    try:
-        return conn.execute(
-            "SELECT version, created_at FROM versions WHERE policy=? AND created_at > ? "
-            "AND created_at <= ? ORDER BY version",
-            (POLICY, t0, t1),
-        ).fetchall()
-    finally:
-        conn.close()
+def _versions_between(summary: dict[str, Any], t0: float, t1: float) -> list[tuple[int, float]]:
+    return [(v, at) for v, at, _ in summary["versions"].get(POLICY, []) if t0 < at <= t1]
 
 
-def _version_at(db: Path, t: float) -> int | None:
-    conn = C.open_ro(db)
-    try:
-        return conn.execute(
-            "SELECT MAX(version) FROM versions WHERE policy=? AND created_at <= ?", (POLICY, t)
-        ).fetchone()[0]
-    finally:
-        conn.close()
+def _version_at(summary: dict[str, Any], t: float) -> int | None:
+    return max((v for v, at, _ in summary["versions"].get(POLICY, []) if at <= t), default=None)
 
 
-def _recovery(db: Path, heal: float) -> dict[str, float | None]:
+def _recovery(summary: dict[str, Any], heal: float) -> dict[str, float | None]:
     """Seconds from the heal to the region's first lease and first delivered group."""
-    conn = C.open_ro(db)
-    try:
-        remote = [
-            r[0]
-            for r in conn.execute("SELECT id, body FROM nodes")
-            if json.loads(r[1]).get("region") == REGION
-        ]
-        marks = ",".join("?" * len(remote)) or "''"
-        first_ep = conn.execute(
-            f"SELECT MIN(created_at) FROM episodes WHERE node_id IN ({marks}) AND created_at > ?",
-            (*remote, heal),
-        ).fetchone()[0]
-        first_lease = conn.execute(
-            f"SELECT MIN(issued_at) FROM leases WHERE node_id IN ({marks}) AND issued_at > ?",
-            (*remote, heal),
-        ).fetchone()[0]
-    finally:
-        conn.close()
+    after = C.delivered_after(summary, C.node_ids(summary, region=REGION), heal)
+    first_ep, first_lease = after["first_push"], after["first_lease"]
     return {
         "push": None if first_ep is None else first_ep - heal,
         "lease": None if first_lease is None else first_lease - heal,
@@ -451,10 +423,11 @@ def _recovery(db: Path, heal: float) -> dict[str, float | None]:
 
 
 def analyse(plan, link, run_dir: Path, wd: Path, events, marks, outcome) -> dict[str, Any]:
-    db = run_dir / "dataflow.db"
-    checks = C.check_store(db)
-    regions = C.episodes_by_region(db)
-    times = H.read_dataflow_times(db)
+    records = _records.read_jsonl(run_dir / "metrics.jsonl")
+    summary = C.summary_of(run_dir)
+    checks = C.check_store(summary)
+    regions = C.episodes_by_region(summary)
+    times = _records.dataflow_times(records)
     acked = [b for bs in times.batches.values() for b in bs]
     t0 = times.training_start or events["start"]
     t1 = max((a for _, a in acked), default=events["end"])
@@ -470,20 +443,13 @@ def analyse(plan, link, run_dir: Path, wd: Path, events, marks, outcome) -> dict
     wan = marks.get("wan") or []
     ports = marks["ports"]
     phases = {}
-    full_bytes = None
-    conn = C.open_ro(db)
-    try:
-        row = conn.execute(
-            "SELECT body FROM versions WHERE policy=? ORDER BY version DESC LIMIT 1", (POLICY,)
-        ).fetchone()
-        full_bytes = json.loads(row[0]).get("full_bytes") if row else None
-    finally:
-        conn.close()
+    announced = summary["versions"].get(POLICY, [])
+    full_bytes = announced[-1][2] if announced else None
     for key, label, nodes_in in (("phase1", "1_node", 1), ("phase2", "3_nodes", 3)):
         a, b = events.get(f"{key}_start"), events.get(f"{key}_end")
         if a is None or b is None:
             continue
-        versions = _versions_between(db, a, b)
+        versions = _versions_between(summary, a, b)
         n = max(len(versions), 1)
         wb = N.bytes_between(wan, a, b, {ports["weights"]})
         db_ = N.bytes_between(wan, a, b, {ports["dataflow"]})
@@ -500,7 +466,7 @@ def analyse(plan, link, run_dir: Path, wd: Path, events, marks, outcome) -> dict
     pv = probe.get("versions", [])
     deltas = [p["delta_s"] for p in pv if p["delta_kind"] == "delta"]
     fulls = [p["full_s"] for p in pv]
-    rec = _recovery(db, events["heal"]) if "heal" in events else {"push": None, "lease": None}
+    rec = _recovery(summary, events["heal"]) if "heal" in events else {"push": None, "lease": None}
     syncs = {
         name: node_syncs(wd / "net" / "logs" / f"{name}.log") for name in ("r0", "r1-nat", "r2")
     }
@@ -540,7 +506,7 @@ def analyse(plan, link, run_dir: Path, wd: Path, events, marks, outcome) -> dict
         "nat_inbound_blocked": marks.get("nat_inbound"),
         "r0_leave_exit_code": marks.get("r0_exit"),
         "events": {
-            k: {"t": round(v - events["start"], 2), "version": _version_at(db, v)}
+            k: {"t": round(v - events["start"], 2), "version": _version_at(summary, v)}
             for k, v in sorted(events.items(), key=lambda kv: kv[1])
         },
         "run_dir": str(run_dir),
@@ -552,9 +518,9 @@ def analyse(plan, link, run_dir: Path, wd: Path, events, marks, outcome) -> dict
 
 
 def report(res: dict[str, Any]) -> None:
-    f = H.fmt
+    f = _report.fmt
     link = res["link"]
-    H.console.print(H.table(
+    _report.console.print(_report.table(
         f"Cross-region run ({'quick' if res['quick'] else 'full'}): link {link['rtt_ms']:.0f} ms "
         f"RTT, {link['rate_mbit']:.0f} Mbit/s, {link['loss'] * 100:.0f} % loss",
         ["figure", "value"],
@@ -576,21 +542,21 @@ def report(res: dict[str, Any]) -> None:
              f"{link['dropped'].get('loss', 0)} / {link['dropped'].get('partition', 0)}"],
         ],
     ))  # fmt: skip
-    H.console.print(H.table(
+    _report.console.print(_report.table(
         f"Episodes per region (training window {res['training_window_s']:.0f} s)",
         ["region / node", "episodes", "episodes/s"],
         [[r, str(res["episodes"][r]), f(res["episodes_per_s"][r])] for r in res["episodes"]]
         + [[f"  {n} ({d['region']})", str(d["episodes"]), f(d["episodes_per_s"])]
            for n, d in res["nodes"].items()],
     ))  # fmt: skip
-    H.console.print(H.table(
+    _report.console.print(_report.table(
         "One version's update over the slow link (probe in the region, nothing else on the link)",
         ["version", "delta s", "delta kind", "full s", "delta MB", "full MB"],
         [[str(p["version"]), f(p["delta_s"]), p["delta_kind"], f(p["full_s"]),
           f((p["delta_bytes"] or 0) / 1e6), f(p["full_bytes"] / 1e6)]
          for p in res["remote_sync_per_version"]],
     ))  # fmt: skip
-    H.console.print(H.table(
+    _report.console.print(_report.table(
         "Bytes crossing the slow link per published version"
         + (" (region weight cache)" if res["plan"]["cache"] else " (no cache)"),
         ["phase", "versions", "weights MB", "copies", "dataflow MB", "total MB"],
@@ -598,18 +564,18 @@ def report(res: dict[str, Any]) -> None:
           f(p["weight_copies_per_version"]), f(p["dataflow_bytes_per_version"] / 1e6),
           f(p["total_bytes_per_version"] / 1e6)] for k, p in res["bytes_per_version"].items()],
     ))  # fmt: skip
-    H.console.print(
+    _report.console.print(
         f"remote_delta_sync_s {f(res['remote_delta_sync_s'])}, remote_full_sync_s "
         f"{f(res['remote_full_sync_s'])} (median per version)"
     )
     if res.get("weight_cache"):
         c = res["weight_cache"]
-        H.console.print(
+        _report.console.print(
             f"region weight cache: downloaded {c['fetched_full']} snapshot(s) and "
             f"{c['fetched_delta']} delta(s) over the link, rebuilt {c['rebuilt_full']} snapshot(s)"
         )
     for note in res["notes"]:
-        H.console.print(f"[dim]- {note}[/]")
+        _report.console.print(f"[dim]- {note}[/]")
 
 
 def main() -> None:
@@ -642,23 +608,25 @@ def main() -> None:
     plan.cache = not args.no_cache
     reason = N.unavailable_reason()
     if reason:
-        H.console.print(f"[yellow]cross_region skipped: {reason}[/]")
+        _report.console.print(f"[yellow]cross_region skipped: {reason}[/]")
         if args.json:
-            H.write_json(args.json, {"benchmark": "cross_region", "skipped": reason})
+            _report.write_json(args.json, {"benchmark": "cross_region", "skipped": reason})
         return
     # SIGTERM unwinds like Ctrl-C, so namespaces, routes and processes are removed (finally blocks)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     link = N.LinkSpec(rtt_ms=args.rtt_ms, rate_mbit=args.rate_mbit, loss=args.loss, seed=args.seed)
-    with H.bench_workdir(args.workdir, "cross-region-") as wd:
-        with H.console.status("running the cross-region scenario…"):
+    with _runs.bench_workdir(args.workdir, "cross-region-") as wd:
+        with _report.console.status("running the cross-region scenario…"):
             res = run_scenario(plan, wd, link)
         res["quick"] = args.quick
         report(res)
         if args.json:
-            H.console.print(f"wrote {H.write_json(args.json, res)}")
+            _report.console.print(f"wrote {_report.write_json(args.json, res)}")
         bad = res["tasks_lost"] or res["tasks_duplicated"] or res["outcome"] != "done"
         if bad:
-            H.console.print(f"[red]invariants violated or run failed; run dir {res['run_dir']}[/]")
+            _report.console.print(
+                f"[red]invariants violated or run failed; run dir {res['run_dir']}[/]"
+            )
             sys.exit(1)
 
 

@@ -34,32 +34,18 @@ from __future__ import annotations
 
 import argparse
 import math
-import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import (  # noqa: E402
-    EvalPoint,
-    RunResult,
-    bench_workdir,
-    censored_spread,
-    console,
-    fmt,
-    parse_systems,
-    print_failures,
-    ratio,
-    read_jsonl,
-    run_logged,
-    run_recipe,
-    spread,
-    spread_json,
-    step_records,
-    table,
-    write_json,
-)
+from _cli import parse_systems  # noqa: E402
+from _records import EvalPoint, read_jsonl, run_summary, step_records  # noqa: E402
+from _report import console, fmt, print_failures, table, write_json  # noqa: E402
+from _results import RunResult  # noqa: E402
+from _runs import bench_workdir, run_logged, run_recipe  # noqa: E402
+from _stats import censored_spread, ratio, spread, spread_json  # noqa: E402
 
 BASE = """
 [run]
@@ -153,22 +139,15 @@ def recipe_text(
 DEADLINE_KEYS = ("d1", "d2", "d3", "d4")
 
 
-def store_counts(db: Path) -> dict[str, dict[str, int]]:
-    """Drop reasons and policy counters of the run's dataflow store (read-only)."""
+def run_counts(records: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Drop reasons and policy counters of a finished run, summed over its policies, from the
+    final status document in its ``run_summary`` record (``metrics.jsonl``)."""
     out: dict[str, dict[str, int]] = {"drops": {}, "counters": {}}
-    if not db.exists():
-        return out
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10.0)
-    try:
-        for reason, n in conn.execute("SELECT reason, SUM(count) FROM drops GROUP BY reason"):
-            out["drops"][reason] = int(n)
-        try:
-            for name, n in conn.execute("SELECT name, SUM(count) FROM counters GROUP BY name"):
-                out["counters"][name] = int(n)
-        except sqlite3.Error:
-            pass  # a store from before the counters table
-    finally:
-        conn.close()
+    summary = run_summary(records) or {}
+    for policy in ((summary.get("status") or {}).get("policies") or {}).values():
+        for key, field in (("drops", "dropped"), ("counters", "counters")):
+            for name, n in (policy.get(field) or {}).items():
+                out[key][name] = out[key].get(name, 0) + int(n)
     return out
 
 
@@ -257,7 +236,7 @@ def analyse(runs: list[RunResult], systems: list[str], num_eval: int) -> dict[st
     for s in systems:
         rs = ok[s]
         recs = {id(r): read_jsonl(Path(r.run_dir) / "metrics.jsonl") for r in rs}
-        counts = [store_counts(Path(r.run_dir) / "dataflow.db") for r in rs]
+        counts = [run_counts(read_jsonl(Path(r.run_dir) / "metrics.jsonl")) for r in rs]
         t_final = None
         if base_t is not None:
             t_final = censored_spread(

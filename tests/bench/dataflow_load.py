@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
 import random
@@ -40,6 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import _stamp
 import msgpack
 import numpy as np
 import psutil
@@ -70,7 +70,8 @@ TOKEN = "bench-token"
 def write_recipe(
     workdir: Path, group_size: int, groups_per_step: int, buffer_steps: int | None = None
 ) -> Path:
-    dataflow: dict = {"lease_timeout_s": 120.0, "max_lag": 10**6}
+    # admission by buffer_steps alone: the simulated trainer's pace is not what is measured here
+    dataflow: dict = {"lease_timeout_s": 120.0, "max_lag": 10**6, "admission": "buffer"}
     if buffer_steps is not None:
         dataflow["buffer_steps"] = buffer_steps
     recipe = Recipe.model_validate(
@@ -163,27 +164,27 @@ class ServiceProcess:
         self.log.close()
 
 
+def packed_trajectory(tokens: list[int], prompt: int) -> dict:
+    """One single-turn trajectory of ``tokens`` whose first ``prompt`` are the prompt, its arrays
+    packed as on the wire (generated tokens at log-prob -0.7 and version 0)."""
+    mask = np.asarray([0] * prompt + [1] * (len(tokens) - prompt), dtype="<i4")
+    return {
+        "role": "agent",
+        "tokens": np.asarray(tokens, dtype="<i4").tobytes(),
+        "loss_mask": mask.tobytes(),
+        "logprobs": np.where(mask == 1, -0.7, 0.0).astype("<f4").tobytes(),
+        "versions": np.where(mask == 1, 0, -1).astype("<i4").tobytes(),
+        "num_turns": 1,
+    }
+
+
 def episode_templates(count: int, seed: int = 0) -> list[dict]:
     """Trajectories of 1-4k tokens (256-token prompt), arrays already packed as on the wire."""
     rng = random.Random(seed)
     out = []
     for _ in range(count):
         n = rng.randint(1024, 4096)
-        prompt = 256
-        tokens = np.asarray([rng.randrange(32_000) for _ in range(n)], dtype="<i4")
-        mask = np.asarray([0] * prompt + [1] * (n - prompt), dtype="<i4")
-        logprobs = np.where(mask == 1, -0.7, 0.0).astype("<f4")
-        versions = np.where(mask == 1, 0, -1).astype("<i4")
-        out.append(
-            {
-                "role": "agent",
-                "tokens": tokens.tobytes(),
-                "loss_mask": mask.tobytes(),
-                "logprobs": logprobs.tobytes(),
-                "versions": versions.tobytes(),
-                "num_turns": 1,
-            }
-        )
+        out.append(packed_trajectory([rng.randrange(32_000) for _ in range(n)], prompt=256))
     return out
 
 
@@ -688,21 +689,19 @@ def main() -> int:
         closed = [r for r in results if r["offered"] == "max"] or results
         paced = [r for r in results if r["offered"] != "max"] or closed
         top = max(paced, key=lambda r: r["clients"])
-        args.json.write_text(
-            json.dumps(
-                {
-                    "pushes_per_s": top["pushes_per_s"],
-                    "p50_ms": top["p50_ms"],
-                    "p99_ms": top["p99_ms"],
-                    "clients": top["clients"],
-                    "offered": top["offered"],
-                    "service_cpu_ms_per_push": top["service_cpu_s_per_1k_pushes"],
-                    "max_pushes_per_s": max(r["pushes_per_s"] for r in closed),
-                    "synchronous": args.synchronous,
-                    "phases": results,
-                },
-                indent=2,
-            )
+        _stamp.write_json(
+            args.json,
+            {
+                "pushes_per_s": top["pushes_per_s"],
+                "p50_ms": top["p50_ms"],
+                "p99_ms": top["p99_ms"],
+                "clients": top["clients"],
+                "offered": top["offered"],
+                "service_cpu_ms_per_push": top["service_cpu_s_per_1k_pushes"],
+                "max_pushes_per_s": max(r["pushes_per_s"] for r in closed),
+                "synchronous": args.synchronous,
+                "phases": results,
+            },
         )
     return 0
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sys
 import tempfile
@@ -22,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+import _stamp
 import msgpack
 import psutil
 from rich.console import Console
@@ -33,9 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dataflow_load import TOKEN, episode_templates, push_body, write_recipe  # noqa: E402
 
-from astraflow.dataflow.app import create_app  # noqa: E402
+from astraflow.dataflow.http.app import create_app  # noqa: E402
 from astraflow.protocol import LeaseRequest, NodeRegistration  # noqa: E402
 from astraflow.recipe import load_recipe  # noqa: E402
+from tasks.catalog import load_task_set  # noqa: E402
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 HEADERS = [
@@ -77,7 +78,9 @@ async def measure(tasks: int, concurrency: int, synchronous: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="df-cpu-") as tmp:
         workdir = Path(tmp)
         recipe = load_recipe(write_recipe(workdir, 4, 16, 0))
-        app = create_app(recipe, workdir / "df.db", TOKEN, synchronous=synchronous)
+        app = create_app(
+            recipe, workdir / "df.db", TOKEN, task_source=load_task_set, synchronous=synchronous
+        )
         service = app.state.service
         await service.start()
         try:
@@ -148,7 +151,7 @@ def main() -> int:
     console.print(table)
     best = min(runs, key=lambda r: r["cpu_us_per_push"])
     if args.json:
-        args.json.write_text(json.dumps({"cpu_us_per_push": best["cpu_us_per_push"], "runs": runs}))
+        _stamp.write_json(args.json, {"cpu_us_per_push": best["cpu_us_per_push"], "runs": runs})
     return 0
 
 

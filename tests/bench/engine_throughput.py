@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import _stamp
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -163,7 +163,7 @@ def main() -> None:
                 str(r["concurrency"]): r["overhead_vs_generate"] for r in rows
             },
         }
-        args.json.write_text(json.dumps(result, indent=2))
+        _stamp.write_json(args.json, result)
         console.log(f"wrote {args.json}")
 
 

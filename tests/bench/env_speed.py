@@ -7,12 +7,12 @@ comparison), and what a search turn costs (BM25 over the stdlib corpus).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import _stamp
 from rich.console import Console
 from rich.table import Table
 
@@ -82,7 +82,7 @@ def main() -> None:
         table.add_row(name, f"{seconds:.2e}", f"{1 / seconds:,.0f}" if seconds > 0 else "-")
     Console().print(table)
     if args.json:
-        args.json.write_text(json.dumps({"seconds_per_call": rows}, indent=2))
+        _stamp.write_json(args.json, {"seconds_per_call": rows})
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import statistics
@@ -33,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _stamp
 from rich.console import Console
 from rich.table import Table
 
@@ -203,7 +203,7 @@ def main() -> int:
         for kind, r in results.items():
             out[f"lease_wakeup_ms_p50_{kind}"] = r["p50_ms"]
             out[f"lease_wakeup_ms_p99_{kind}"] = r["p99_ms"]
-        args.json.write_text(json.dumps(out, indent=2))
+        _stamp.write_json(args.json, out)
     return 0
 
 

@@ -23,7 +23,6 @@ ready.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -31,9 +30,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import _harness as H
+import _cli
+import _evaluation
+import _plots
+import _records
+import _report
+import _results
+import _runs
+import _stats
 
-RECIPE = H.REPO_ROOT / "recipes" / "multi_policy_math.toml"
+RECIPE = _runs.REPO_ROOT / "recipes" / "multi_policy_math.toml"
 MODES = ("sync", "async")
 
 NOTES = [
@@ -46,8 +52,8 @@ NOTES = [
 
 def run_mode(
     mode: str, seed: int, steps: int, eval_every: int, eval_tasks: int, workdir: Path,
-    timeout_s: float, final_eval: H.FinalEval | None = None,
-) -> H.RunResult:  # fmt: skip
+    timeout_s: float, final_eval: _runs.FinalEval | None = None,
+) -> _results.RunResult:  # fmt: skip
     overrides = [
         f"run.max_steps={steps}",
         f"run.mode={json.dumps(mode)}",
@@ -56,13 +62,13 @@ def run_mode(
         f"evaluation.num_tasks={eval_tasks}",
         "logging.report=false",
     ]
-    return H.run_recipe(
+    return _runs.run_recipe(
         RECIPE, overrides, system=mode, seed=seed, workdir=workdir, timeout_s=timeout_s,
         final_eval=final_eval,
     )  # fmt: skip
 
 
-def solver_final_eval(recipe, seed: int, eval_tasks: int) -> H.FinalEval:
+def solver_final_eval(recipe, seed: int, eval_tasks: int) -> _runs.FinalEval:
     """Final held-out accuracy of the solver checkpoint when the run's own final evaluation did
     not complete: the solver's metric is its answer's correctness, i.e. greedy arithmetic accuracy
     with the solver's ``max_tokens``. The verifier's metric needs the solver's answers and is left
@@ -76,16 +82,16 @@ def solver_final_eval(recipe, seed: int, eval_tasks: int) -> H.FinalEval:
         "eval_tasks": eval_tasks,
         "max_tokens": recipe.evaluation.max_tokens or recipe.policies[solver].sampling.max_tokens,
     }
-    return H.checkpoint_accuracy(settings, seed, policies=[solver])
+    return _evaluation.checkpoint_accuracy(settings, seed, policies=[solver])
 
 
-def train_seconds(run: H.RunResult) -> float | None:
+def train_seconds(run: _results.RunResult) -> float | None:
     """Training start to the last step of the slowest policy."""
     times = [p.train_s for p in run.policies.values() if p.train_s is not None]
     return max(times) if times else None
 
 
-def _policy_row(p: H.PolicyResult) -> dict[str, Any]:
+def _policy_row(p: _results.PolicyResult) -> dict[str, Any]:
     return {
         "steps": p.steps,
         "trained_samples": p.trained_samples,
@@ -103,7 +109,7 @@ def _policy_row(p: H.PolicyResult) -> dict[str, Any]:
     }
 
 
-def analyse(runs: dict[str, list[H.RunResult]]) -> dict[str, Any]:
+def analyse(runs: dict[str, list[_results.RunResult]]) -> dict[str, Any]:
     """Per mode: the median over seeds of every figure (``*_spread``: median, min, max, n); the
     sync/async ratio is taken per seed (the two modes of one seed ran back to back) and its median
     reported."""
@@ -118,30 +124,30 @@ def analyse(runs: dict[str, list[H.RunResult]]) -> dict[str, Any]:
             for key in ("steps", "trained_samples", "train_s", "samples_per_s", "reward_first",
                         "reward_final", "accuracy_before", "accuracy_final", "idle_fraction",
                         "idle_fraction_reported", "staleness_mean"):  # fmt: skip
-                sp = H.spread(row[key] for row in rows)
+                sp = _stats.spread(row[key] for row in rows)
                 agg[key] = sp.median
-                agg[f"{key}_spread"] = H.spread_json(sp)
+                agg[f"{key}_spread"] = _stats.spread_json(sp)
             agg["final_eval"] = ", ".join(sorted({row["final_eval"] for row in rows}))
             agg["final_eval_step"] = rows[-1]["final_eval_step"] if rows else None
             policies[name] = agg
         modes[mode] = {
             "ok": len(ok) == len(seeds),
             "runs": len(seeds),
-            "wall_s": H.spread(r.wall_s for r in ok).median,
-            "startup_s": H.spread(r.startup_s for r in ok).median,
-            "train_s": H.spread(train_seconds(r) for r in ok).median,
-            "train_s_spread": H.spread_json(H.spread(train_seconds(r) for r in ok)),
+            "wall_s": _stats.spread(r.wall_s for r in ok).median,
+            "startup_s": _stats.spread(r.startup_s for r in ok).median,
+            "train_s": _stats.spread(train_seconds(r) for r in ok).median,
+            "train_s_spread": _stats.spread_json(_stats.spread(train_seconds(r) for r in ok)),
             "policies": policies,
         }
     pairs = list(zip(runs.get("sync", []), runs.get("async", []), strict=False))
-    per_seed = [H.ratio(train_seconds(a), train_seconds(b)) for a, b in pairs if a.ok and b.ok]
-    wall = [H.ratio(a.wall_s, b.wall_s) for a, b in pairs if a.ok and b.ok]
-    speedup = H.spread(per_seed)
+    per_seed = [_stats.ratio(train_seconds(a), train_seconds(b)) for a, b in pairs if a.ok and b.ok]
+    wall = [_stats.ratio(a.wall_s, b.wall_s) for a, b in pairs if a.ok and b.ok]
+    speedup = _stats.spread(per_seed)
     return {
         "modes": modes,
         "speedup_sync_over_async": speedup.median,
-        "speedup_sync_over_async_spread": H.spread_json(speedup),
-        "speedup_total_wall": H.spread(wall).median,
+        "speedup_sync_over_async_spread": _stats.spread_json(speedup),
+        "speedup_total_wall": _stats.spread(wall).median,
         "accuracy_final_async_minus_sync": {
             name: _diff(
                 modes.get("async", {}).get("policies", {}).get(name, {}).get("accuracy_final"),
@@ -156,27 +162,27 @@ def _diff(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
-def print_report(summary: dict[str, Any], runs: dict[str, list[H.RunResult]]) -> None:
+def print_report(summary: dict[str, Any], runs: dict[str, list[_results.RunResult]]) -> None:
     rows = []
     for mode, m in summary["modes"].items():
         for name, p in m["policies"].items():
             rows.append(
                 [
                     f"{mode} / {name}" + (f" ({m['runs']} seeds)" if m["runs"] > 1 else ""),
-                    H.fmt(m["wall_s"], "{:.0f}", "s"),
-                    H.fmt(m["startup_s"], "{:.0f}", "s"),
-                    H.fmt(m["train_s"], "{:.0f}", "s"),
+                    _report.fmt(m["wall_s"], "{:.0f}", "s"),
+                    _report.fmt(m["startup_s"], "{:.0f}", "s"),
+                    _report.fmt(m["train_s"], "{:.0f}", "s"),
                     f"{p['steps']} ({p['trained_samples']})",
-                    H.fmt(p["samples_per_s"], "{:.1f}"),
-                    f"{H.fmt(p['reward_first'], '{:.3f}')} → {H.fmt(p['reward_final'], '{:.3f}')}",
-                    f"{H.fmt(p['accuracy_before'], '{:.3f}')} → "
-                    f"{H.fmt(p['accuracy_final'], '{:.3f}')}{_eval_mark(p)}",
-                    H.fmt(p["idle_fraction"], "{:.2f}"),
-                    H.fmt(p["staleness_mean"], "{:.2f}"),
+                    _report.fmt(p["samples_per_s"], "{:.1f}"),
+                    f"{_report.fmt(p['reward_first'], '{:.3f}')} → {_report.fmt(p['reward_final'], '{:.3f}')}",
+                    f"{_report.fmt(p['accuracy_before'], '{:.3f}')} → "
+                    f"{_report.fmt(p['accuracy_final'], '{:.3f}')}{_eval_mark(p)}",
+                    _report.fmt(p["idle_fraction"], "{:.2f}"),
+                    _report.fmt(p["staleness_mean"], "{:.2f}"),
                 ]
             )
-    H.console.print(
-        H.table(
+    _report.console.print(
+        _report.table(
             "Multi-policy (solver + verifier): sync vs async dataflow",
             [
                 "mode / policy",
@@ -193,27 +199,27 @@ def print_report(summary: dict[str, Any], runs: dict[str, list[H.RunResult]]) ->
             rows,
         )  # fmt: skip
     )
-    H.console.print(
+    _report.console.print(
         "training wall time sync / async (median of per-seed ratios): "
-        f"[bold]{H.fmt(summary['speedup_sync_over_async'], '{:.2f}', 'x')}[/] (target >= 1.6x); "
-        f"total wall incl. start-up: {H.fmt(summary['speedup_total_wall'], '{:.2f}', 'x')}"
+        f"[bold]{_report.fmt(summary['speedup_sync_over_async'], '{:.2f}', 'x')}[/] (target >= 1.6x); "
+        f"total wall incl. start-up: {_report.fmt(summary['speedup_total_wall'], '{:.2f}', 'x')}"
     )
-    H.console.print(
+    _report.console.print(
         "held-out acc marks: * = the run's own final evaluation did not complete and the bench "
         "evaluated the final checkpoint (same problems, greedy, Math env scoring); "
         "@k = last evaluation that completed was at step k."
     )
     diffs = summary["accuracy_final_async_minus_sync"]
-    H.console.print(
+    _report.console.print(
         "final held-out accuracy, async - sync (median over seeds): "
-        + ", ".join(f"{name} {H.fmt(d, '{:+.3f}')}" for name, d in diffs.items())
+        + ", ".join(f"{name} {_report.fmt(d, '{:+.3f}')}" for name, d in diffs.items())
     )
     for mode, seeds in runs.items():
         for run in seeds:
             if not run.ok:
-                H.console.print(f"[red]{mode} seed {run.seed} failed:[/] {run.error}")
+                _report.console.print(f"[red]{mode} seed {run.seed} failed:[/] {run.error}")
     for note in NOTES:
-        H.console.print(f"[dim]- {note}[/]")
+        _report.console.print(f"[dim]- {note}[/]")
 
 
 def _eval_mark(p: dict[str, Any]) -> str:
@@ -224,7 +230,7 @@ def _eval_mark(p: dict[str, Any]) -> str:
     return ""
 
 
-def plot(runs: dict[str, H.RunResult], path: Path) -> Path | None:
+def plot(runs: dict[str, _results.RunResult], path: Path) -> Path | None:
     """Reward (per step) and held-out accuracy (per evaluation) against training wall time (one
     seed: curves of several seeds on one axis are unreadable)."""
     import matplotlib
@@ -238,11 +244,11 @@ def plot(runs: dict[str, H.RunResult], path: Path) -> Path | None:
     for mode, run in runs.items():
         if run.run_dir is None:
             continue
-        records = H.read_jsonl(Path(run.run_dir) / "metrics.jsonl")
+        records = _records.read_jsonl(Path(run.run_dir) / "metrics.jsonl")
         for name, p in sorted(run.policies.items()):
             pts = [
                 (float(r["time"]) - run.t0, float(r["reward_mean"]))
-                for r in H.step_records(records, name)
+                for r in _records.step_records(records, name)
                 if r.get("reward_mean") is not None and "time" in r and run.t0 is not None
             ]
             if pts:
@@ -266,27 +272,14 @@ def plot(runs: dict[str, H.RunResult], path: Path) -> Path | None:
         ax.set_xlabel("seconds since training start")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return H.save_figure(fig, path)
+    return _plots.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="few steps (about 2 minutes)")
-    ap.add_argument("--json", type=Path, help="write the results here")
-    ap.add_argument("--plot", type=Path, default=None, help="PNG path (default: in the workdir)")
+    ap = _cli.bench_parser(__doc__)
+    _cli.add_output_flags(ap, quick="few steps (about 2 minutes)")
+    _cli.add_run_flags(ap, seeds_default=1)
     ap.add_argument("--seed", type=int, default=0, help="first seed")
-    ap.add_argument("--seeds", type=int, default=1, help="seeds per mode (seed, seed+1, ...)")
-    ap.add_argument("--steps", type=int, default=None, help="steps per policy (default: recipe's)")
-    ap.add_argument("--eval-every", type=int, default=None)
-    ap.add_argument("--eval-tasks", type=int, default=None)
-    ap.add_argument("--timeout", type=float, default=None, help="per-run limit in seconds")
-    ap.add_argument(
-        "--workdir",
-        type=Path,
-        default=None,
-        help="keep the runs here (default: runs/bench/multi_policy-<time>, under the default "
-        "run output dir)",
-    )
     ns = ap.parse_args(argv)
 
     from astraflow.recipe import load_recipe
@@ -297,24 +290,25 @@ def main(argv: list[str] | None = None) -> int:
     eval_tasks = ns.eval_tasks or (50 if ns.quick else recipe.evaluation.num_tasks)
     timeout = ns.timeout or (300.0 if ns.quick else 1800.0)
     workdir = ns.workdir or (
-        H.REPO_ROOT / "runs" / "bench" / time.strftime("multi_policy-%Y%m%d-%H%M%S")
+        _runs.REPO_ROOT / "runs" / "bench" / time.strftime("multi_policy-%Y%m%d-%H%M%S")
     )
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     plot_path = ns.plot or workdir / "multi_policy.png"
 
-    runs: dict[str, list[H.RunResult]] = {mode: [] for mode in MODES}
-    for seed in range(ns.seed, ns.seed + ns.seeds):
+    runs: dict[str, list[_results.RunResult]] = {mode: [] for mode in MODES}
+    n_seeds = ns.seeds or 1
+    for seed in range(ns.seed, ns.seed + n_seeds):
         for mode in MODES:
             label = f"{mode} mode, seed {seed}, {steps} steps per policy"
             job = partial(
                 run_mode, mode, seed, steps, eval_every, eval_tasks, workdir, timeout,
                 solver_final_eval(recipe, seed, eval_tasks),
             )  # fmt: skip
-            runs[mode].append(H.run_logged(label, job, None))
+            runs[mode].append(_runs.run_logged(label, job, None))
     summary = analyse(runs)
     print_report(summary, runs)
-    written = H.plot_safely(
+    written = _plots.plot_safely(
         lambda: plot({mode: seeds[0] for mode, seeds in runs.items() if seeds}, plot_path)
     )
     if ns.json:
@@ -322,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
             "benchmark": "multi_policy",
             "quick": ns.quick,
             "settings": {
-                "recipe": str(RECIPE.relative_to(H.REPO_ROOT)),
-                "seeds": list(range(ns.seed, ns.seed + ns.seeds)),
+                "recipe": str(RECIPE.relative_to(_runs.REPO_ROOT)),
+                "seeds": list(range(ns.seed, ns.seed + n_seeds)),
                 "steps_per_policy": steps,
                 "eval_every": eval_every,
                 "eval_tasks": eval_tasks,
@@ -334,8 +328,8 @@ def main(argv: list[str] | None = None) -> int:
             "notes": NOTES,
             "runs": {m: [r.to_json() for r in seeds] for m, seeds in runs.items()},
         }
-        H.write_json(ns.json, payload)
-        H.console.print(f"wrote {ns.json}")
+        _report.write_json(ns.json, payload)
+        _report.console.print(f"wrote {ns.json}")
     return 0 if all(r.ok for seeds in runs.values() for r in seeds) else 1
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import REPO_ROOT, console, fmt, run_recipe, table, write_json  # noqa: E402
+from _report import console, fmt, table, write_json  # noqa: E402
+from _runs import REPO_ROOT, run_recipe  # noqa: E402
 
 RECIPE = REPO_ROOT / "recipes" / "quickstart.toml"
 

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _stamp
 from _ray_cluster import SECOND_NODE_LABEL, SECOND_NODE_RESOURCE, LocalRayCluster
+from _status import read_status, window_rate
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "agentic_math.toml"
@@ -76,27 +77,6 @@ def overrides(nodes: int, address: str, out: Path, args: argparse.Namespace) -> 
     return sets
 
 
-def episode_times(db: Path) -> list[float]:
-    """When each training episode was stored (the store opened read-only)."""
-    if not db.exists():
-        return []
-    try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10.0)
-        try:
-            rows = conn.execute("SELECT created_at FROM episodes WHERE is_eval = 0").fetchall()
-        finally:
-            conn.close()
-    except sqlite3.Error:  # not created yet
-        return []
-    return sorted(float(t) for (t,) in rows)
-
-
-def episode_rate(times: list[float], start: float, end: float) -> tuple[float | None, int]:
-    """Episodes per second stored in [start, end], and how many."""
-    n = sum(1 for t in times if start <= t <= end)
-    return (n / (end - start) if end > start and n else None), n
-
-
 def run_one(nodes: int, address: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One run: started, measured over the window after the first episode plus the warm-up,
     then stopped with Ctrl-C (SIGINT), as a user would."""
@@ -107,6 +87,8 @@ def run_one(nodes: int, address: str, work: Path, args: argparse.Namespace) -> d
     run_dir = work / f"scale-{nodes}"
     t0 = time.time()
     first: float | None = None
+    # (time, episodes stored) from the run's /status: evaluation is off, so all are training
+    samples: list[tuple[float, int]] = []
     with open(log, "w") as f:
         proc = subprocess.Popen(
             argv, cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
@@ -115,10 +97,12 @@ def run_one(nodes: int, address: str, work: Path, args: argparse.Namespace) -> d
         try:
             deadline = t0 + args.startup_timeout_s
             while proc.poll() is None:
-                times = episode_times(run_dir / "dataflow.db")
-                if first is None and times:
-                    first = times[0]
-                    deadline = first + args.warmup_s + args.duration_s
+                status = read_status(run_dir)
+                if status is not None:
+                    samples.append((time.time(), int(status["episodes"])))
+                    if first is None and samples[-1][1] > 0:
+                        first = samples[-1][0]
+                        deadline = first + args.warmup_s + args.duration_s
                 if time.time() >= deadline:
                     break
                 time.sleep(1.0)  # a bench's sampling period, not a hot path
@@ -133,9 +117,7 @@ def run_one(nodes: int, address: str, work: Path, args: argparse.Namespace) -> d
     rate, counted = None, 0
     if first is not None:
         start = first + args.warmup_s
-        rate, counted = episode_rate(
-            episode_times(run_dir / "dataflow.db"), start, start + args.duration_s
-        )
+        rate, counted = window_rate(samples, start, start + args.duration_s)
     actors = {}
     if (run_dir / "actors.json").exists():
         actors = json.loads((run_dir / "actors.json").read_text())
@@ -162,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration-s", type=float, default=None, help="wall time of each run")
     ap.add_argument("--warmup-s", type=float, default=None, help="not counted after the first")
     ap.add_argument("--latency-s", type=float, default=3.0, help="fixed tool latency per step")
-    ap.add_argument("--concurrency", type=int, default=16, help="episodes in flight per node")
+    # 128 episodes (16 groups of 8) per node: the load of the README's scale-out table
+    ap.add_argument("--concurrency", type=int, default=128, help="episodes in flight per node")
     ap.add_argument("--startup-timeout-s", type=float, default=300.0)
     ap.add_argument(
         "--max-turns", type=int, default=3,
@@ -211,23 +194,21 @@ def main(argv: list[str] | None = None) -> int:
         f"({args.warmup_s:.0f} s warm-up not counted); timings on a shared machine are noisy"
     )
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "episodes_per_s": rates,
-                    "scaling_efficiency_4": eff,
-                    "runs": results,
-                    "settings": {
-                        "latency_s": args.latency_s,
-                        "concurrency_per_node": args.concurrency,
-                        "max_turns": args.max_turns,
-                        "duration_s": args.duration_s,
-                        "warmup_s": args.warmup_s,
-                        "quick": args.quick,
-                    },
+        _stamp.write_json(
+            args.json,
+            {
+                "episodes_per_s": rates,
+                "scaling_efficiency_4": eff,
+                "runs": results,
+                "settings": {
+                    "latency_s": args.latency_s,
+                    "concurrency_per_node": args.concurrency,
+                    "max_turns": args.max_turns,
+                    "duration_s": args.duration_s,
+                    "warmup_s": args.warmup_s,
+                    "quick": args.quick,
                 },
-                indent=2,
-            )
+            },
         )
         print(f"wrote {args.json}")
     return 0 if eff is not None else 1

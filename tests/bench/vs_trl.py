@@ -28,7 +28,7 @@ training goes on (the evaluation competes with training for the 2 cores, which c
 AstraFlow); TRL evaluates in a callback that pauses training, and that pause is *excluded* from
 TRL's clock. Both choices favour TRL, so the measured speed-up is conservative.
 
-Clocks: every system is timed from its training start (``_harness`` docstring); start-up (imports,
+Clocks: every system is timed from its training start (``_records`` docstring); start-up (imports,
 model loading, spawning services) is reported apart. Time to accuracy = time at which the weights
 that first scored >= the threshold existed. The threshold is the lowest median final accuracy among
 the systems (every system reaches it in a typical run), unless ``--threshold`` is given.
@@ -46,10 +46,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import _harness as H
+import _cli
+import _evaluation
+import _plots
+import _records
+import _report
+import _results
+import _runs
+import _stats
 import _trl as T
 
-QUICKSTART = H.REPO_ROOT / "recipes" / "quickstart.toml"
+QUICKSTART = _runs.REPO_ROOT / "recipes" / "quickstart.toml"
 SYSTEMS = ("trl", "trl_1thread", "astraflow_async", "astraflow_sync")
 
 NOTES = [
@@ -119,7 +126,7 @@ def trl_worker(ns: argparse.Namespace) -> None:
     grading of the single answer (astraflow/Math-v0).
     """
     w = T.Worker.start(ns)
-    score = w.score or H.env_scorer(w.cfg["env"], w.cfg["env_kwargs"])
+    score = w.score or _evaluation.env_scorer(w.cfg["env"], w.cfg["env_kwargs"])
 
     def math_env_reward(prompts, completions, answer, **_: Any) -> list[float]:
         rewards = []
@@ -139,7 +146,7 @@ def trl_worker(ns: argparse.Namespace) -> None:
 def run_trl(
     seed: int, steps: int, eval_every: int, eval_tasks: int, threads: int, workdir: Path,
     timeout_s: float, settings: dict[str, Any], system: str = "trl",
-) -> H.RunResult:  # fmt: skip
+) -> _results.RunResult:  # fmt: skip
     return T.run_worker(
         Path(__file__), system, seed, steps, eval_every, eval_tasks, threads,
         workdir / f"{system}-s{seed}", workdir / f"{system}-s{seed}.log", timeout_s, settings,
@@ -148,9 +155,9 @@ def run_trl(
 
 def run_astraflow(
     mode: str, seed: int, steps: int, eval_every: int, eval_tasks: int, workdir: Path,
-    timeout_s: float, extra: list[str] | None = None, final_eval: H.FinalEval | None = None,
+    timeout_s: float, extra: list[str] | None = None, final_eval: _runs.FinalEval | None = None,
     settings: dict[str, Any] | None = None,
-) -> H.RunResult:  # fmt: skip
+) -> _results.RunResult:  # fmt: skip
     """One AstraFlow run. With ``settings`` (the default), the held-out evaluation is done like
     TRL's: by this bench, off the run's clock, with the same greedy code, on the weight versions
     the run published (kept in its store for the purpose); without, the run evaluates itself on
@@ -166,7 +173,7 @@ def run_astraflow(
         *([f"policies.policy.trainer.keep_versions={steps + 1}"] if offline else []),
         *(extra or []),
     ]
-    result = H.run_recipe(
+    result = _runs.run_recipe(
         QUICKSTART,
         overrides,
         system=f"astraflow_{mode}",
@@ -184,20 +191,20 @@ def run_astraflow(
 
 
 def published_version_evals(
-    run: H.RunResult, settings: dict[str, Any], seed: int, every: int, steps: int
-) -> list[H.EvalPoint]:
-    """Greedy held-out accuracy of versions 0, every, 2*every, ..., steps, read from the run's
+    run: _results.RunResult, settings: dict[str, Any], seed: int, every: int, steps: int
+) -> list[_records.EvalPoint]:
+    """Held-out accuracy (:func:`_evaluation.accuracy_function`) of versions 0, every, 2*every,
+    ..., steps, read from the run's
     weight store, each placed at the time its step was committed (version 0 at training start)."""
     import torch
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     from astraflow.models import load_tokenizer, resolve_model
     from tasks.catalog import load_task_set
 
     run_dir = Path(run.run_dir or "")
-    records = H.read_jsonl(run_dir / "metrics.jsonl")
-    times = H.step_times(records, "policy")
+    records = _records.read_jsonl(run_dir / "metrics.jsonl")
+    times = _records.step_times(records, "policy")
     path = resolve_model(settings["model"])
     tokenizer = load_tokenizer(path)
     tokenizer.padding_side = "left"
@@ -205,22 +212,21 @@ def published_version_evals(
     problems = load_task_set(
         settings["task_set"], settings["eval_split"], seed=seed, limit=settings["eval_tasks"]
     )
-    score = H.env_scorer(settings["env"], settings["env_kwargs"])
+    score = _evaluation.env_scorer(settings["env"], settings["env_kwargs"])
+    accuracy = _evaluation.accuracy_function(settings)  # greedy math, or tool episodes
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # the run is over: the bench has the machine
     points = []
     try:
         for step in sorted({*range(0, steps + 1, every), steps}):
-            weights = run_dir / "weights" / "policy" / f"v{step}" / "model.safetensors"
-            if not weights.exists() or (step and step not in times):
-                H.console.print(f"[yellow]version {step} not in the store: left out[/]")
+            if (step and step not in times) or not _evaluation.load_published(
+                model, run_dir, "policy", step
+            ):
+                _report.console.print(f"[yellow]version {step} not in the store: left out[/]")
                 continue
-            missing, unexpected = model.load_state_dict(load_file(weights), strict=False)
-            if unexpected or any("embed" not in k and "lm_head" not in k for k in missing):
-                raise RuntimeError(f"v{step}: missing {missing}, unexpected {unexpected}")
-            acc = H.greedy_accuracy(model, tokenizer, problems, settings["max_tokens"], score)
+            acc = accuracy(model, tokenizer, problems, settings["max_tokens"], score)
             t = 0.0 if step == 0 else max(0.0, times[step] - float(run.t0 or 0.0))
-            points.append(H.EvalPoint(step, t, acc))
+            points.append(_records.EvalPoint(step, t, acc))
     finally:
         torch.set_num_threads(threads)
     return points
@@ -229,37 +235,37 @@ def published_version_evals(
 # ----------------------------------------------------------------------------- analysis
 
 
-def analyse(runs: list[H.RunResult], threshold_arg: float | None) -> dict[str, Any]:
-    ok = H.successful_runs(runs, SYSTEMS)
+def analyse(runs: list[_results.RunResult], threshold_arg: float | None) -> dict[str, Any]:
+    ok = _results.successful_runs(runs, SYSTEMS)
     by_system = {s: [r.policies["policy"] for r in rs] for s, rs in ok.items()}
-    before = H.spread(p.accuracy_before for ps in by_system.values() for p in ps).median
+    before = _stats.spread(p.accuracy_before for ps in by_system.values() for p in ps).median
     if threshold_arg is not None:
         threshold, how = threshold_arg, "given with --threshold"
     else:
-        threshold = H.choose_threshold(
+        threshold = _stats.choose_threshold(
             {s: [p.accuracy_final for p in ps] for s, ps in by_system.items() if ps}, before
         )
         how = "lowest median final held-out accuracy among the systems"
     systems: dict[str, Any] = {}
     for s, ps in by_system.items():
-        tta = [H.time_to_accuracy(p.evals, threshold) if threshold else None for p in ps]
+        tta = [_records.time_to_accuracy(p.evals, threshold) if threshold else None for p in ps]
         systems[s] = {
-            **H.throughput_json(ok[s], startup=True),
-            "accuracy_before": H.spread_json(H.spread(p.accuracy_before for p in ps)),
-            "accuracy_final": H.spread_json(H.spread(p.accuracy_final for p in ps)),
-            "accuracy_best": H.spread_json(H.spread(p.accuracy_best for p in ps)),
-            "time_to_acc_s": H.spread_json(H.censored_spread(tta)),
+            **_results.throughput_json(ok[s], startup=True),
+            "accuracy_before": _stats.spread_json(_stats.spread(p.accuracy_before for p in ps)),
+            "accuracy_final": _stats.spread_json(_stats.spread(p.accuracy_final for p in ps)),
+            "accuracy_best": _stats.spread_json(_stats.spread(p.accuracy_best for p in ps)),
+            "time_to_acc_s": _stats.spread_json(_stats.censored_spread(tta)),
             "time_to_acc_reached": sum(t is not None for t in tta),
-            "trainer_idle_fraction": H.spread_json(H.spread(p.idle_fraction for p in ps)),
-            "trainer_idle_fraction_reported": H.spread_json(
-                H.spread(p.extra.get("idle_fraction_reported") for p in ps)
+            "trainer_idle_fraction": _stats.spread_json(_stats.spread(p.idle_fraction for p in ps)),
+            "trainer_idle_fraction_reported": _stats.spread_json(
+                _stats.spread(p.extra.get("idle_fraction_reported") for p in ps)
             ),
-            "episodes": H.spread_json(H.spread(p.extra.get("episodes") for p in ps)),
-            "generate_s_per_step": H.spread_json(
-                H.spread(p.extra.get("generate_s_per_step") for p in ps)
+            "episodes": _stats.spread_json(_stats.spread(p.extra.get("episodes") for p in ps)),
+            "generate_s_per_step": _stats.spread_json(
+                _stats.spread(p.extra.get("generate_s_per_step") for p in ps)
             ),
-            "optimize_s_per_step": H.spread_json(
-                H.spread(p.extra.get("optimize_s_per_step") for p in ps)
+            "optimize_s_per_step": _stats.spread_json(
+                _stats.spread(p.extra.get("optimize_s_per_step") for p in ps)
             ),
             "final_eval_by_bench": sum(p.extra.get("final_eval") == "by the bench" for p in ps),
             "final_eval_missing": sum(p.extra.get("final_eval") == "missing" for p in ps),
@@ -269,10 +275,12 @@ def analyse(runs: list[H.RunResult], threshold_arg: float | None) -> dict[str, A
     # shows the same race at every 0.01 of accuracy between the start and the threshold.
     ladder = {
         f"{level:.2f}": {
-            s: H.censored_spread([H.time_to_accuracy(p.evals, level) for p in ps]).median
+            s: _stats.censored_spread(
+                [_records.time_to_accuracy(p.evals, level) for p in ps]
+            ).median
             for s, ps in by_system.items()
         }
-        for level in H.accuracy_levels(before, threshold or None)
+        for level in _stats.accuracy_levels(before, threshold or None)
     }
     return {
         "threshold": threshold,
@@ -280,16 +288,16 @@ def analyse(runs: list[H.RunResult], threshold_arg: float | None) -> dict[str, A
         "time_to_acc_ladder": ladder,
         "accuracy_before": before,
         "systems": systems,
-        "speedup_time_to_acc": H.ratio(tta_med.get("trl"), tta_med.get("astraflow_async")),
-        "speedup_time_to_acc_sync": H.ratio(tta_med.get("trl"), tta_med.get("astraflow_sync")),
-        "speedup_async_over_sync": H.ratio(
+        "speedup_time_to_acc": _stats.ratio(tta_med.get("trl"), tta_med.get("astraflow_async")),
+        "speedup_time_to_acc_sync": _stats.ratio(tta_med.get("trl"), tta_med.get("astraflow_sync")),
+        "speedup_async_over_sync": _stats.ratio(
             tta_med.get("astraflow_sync"), tta_med.get("astraflow_async")
         ),
         # Amdahl bound of overlapping generation with training, from TRL's own phase split:
         # hiding TRL's generation share g completely speeds a step up by at most 1 / (1 - g).
         "overlap_bound_vs_trl": _overlap_bound(systems.get("trl", {})),
         "pipeline_bound_vs_trl": _pipeline_bound(systems.get("trl"), systems.get("trl_1thread")),
-        "speedup_samples_per_s": H.ratio(
+        "speedup_samples_per_s": _stats.ratio(
             systems.get("astraflow_async", {}).get("samples_per_s", {}).get("median"),
             systems.get("trl", {}).get("samples_per_s", {}).get("median"),
         ),
@@ -314,8 +322,8 @@ def _pipeline_bound(two: dict[str, Any] | None, one: dict[str, Any] | None) -> f
     return (parts[0] + parts[1]) / max(slow)
 
 
-def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
-    sp = H.spread_text
+def print_report(summary: dict[str, Any], runs: list[_results.RunResult]) -> None:
+    sp = _report.spread_text
     rows = []
     for s, d in summary["systems"].items():
         rows.append(
@@ -334,10 +342,10 @@ def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
             ]
         )
     thr = summary["threshold"]
-    H.console.print(
-        H.table(
+    _report.console.print(
+        _report.table(
             f"AstraFlow vs TRL GRPOTrainer (median and min–max over seeds; "
-            f"threshold {H.fmt(thr, '{:.3f}')}: {summary['threshold_rule']})",
+            f"threshold {_report.fmt(thr, '{:.3f}')}: {summary['threshold_rule']})",
             [
                 "system",
                 "runs",
@@ -353,34 +361,34 @@ def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
             rows,
         )  # fmt: skip
     )
-    H.console.print(
+    _report.console.print(
         f"speed-up in time to accuracy, TRL / AstraFlow async: "
-        f"[bold]{H.fmt(summary['speedup_time_to_acc'], '{:.2f}', 'x')}[/] (target >= 1.5x); "
-        f"TRL / AstraFlow sync: {H.fmt(summary['speedup_time_to_acc_sync'], '{:.2f}', 'x')}; "
-        f"sync / async: {H.fmt(summary['speedup_async_over_sync'], '{:.2f}', 'x')}"
+        f"[bold]{_report.fmt(summary['speedup_time_to_acc'], '{:.2f}', 'x')}[/] (target >= 1.5x); "
+        f"TRL / AstraFlow sync: {_report.fmt(summary['speedup_time_to_acc_sync'], '{:.2f}', 'x')}; "
+        f"sync / async: {_report.fmt(summary['speedup_async_over_sync'], '{:.2f}', 'x')}"
     )
-    H.console.print(
+    _report.console.print(
         "overlap bound: TRL spends "
-        f"{H.fmt(summary['systems'].get('trl', {}).get('trainer_idle_fraction', {}).get('median'), '{:.0%}')}"
+        f"{_report.fmt(summary['systems'].get('trl', {}).get('trainer_idle_fraction', {}).get('median'), '{:.0%}')}"
         " of its training time generating, so a pipeline that hid all of it with an equally fast "
-        f"trainer would be {H.fmt(summary['overlap_bound_vs_trl'], '{:.2f}', 'x')} faster "
+        f"trainer would be {_report.fmt(summary['overlap_bound_vs_trl'], '{:.2f}', 'x')} faster "
         "(the 2x bound needs generation = 50% of the step)"
     )
     trl2, trl1 = summary["systems"].get("trl"), summary["systems"].get("trl_1thread")
     if trl2 and trl1:
-        per = lambda d, k: H.fmt((d.get(k) or {}).get("median"), "{:.3f}", "s")  # noqa: E731
-        H.console.print(
+        per = lambda d, k: _report.fmt((d.get(k) or {}).get("median"), "{:.3f}", "s")  # noqa: E731
+        _report.console.print(
             f"phases per step, TRL 2 threads: generate {per(trl2, 'generate_s_per_step')}, "
             f"optimize {per(trl2, 'optimize_s_per_step')}; 1 thread: generate "
             f"{per(trl1, 'generate_s_per_step')}, optimize {per(trl1, 'optimize_s_per_step')} -> "
             "pipeline bound on this machine (one core per phase, zero overhead): "
-            f"[bold]{H.fmt(summary['pipeline_bound_vs_trl'], '{:.2f}', 'x')}[/]"
+            f"[bold]{_report.fmt(summary['pipeline_bound_vs_trl'], '{:.2f}', 'x')}[/]"
         )
-    H.console.print(
+    _report.console.print(
         "trainer idle: AstraFlow = share of the training window the trainer waited for a batch; "
         "TRL = share of training time spent generating and scoring (not optimizing)."
     )
-    H.print_ladder(
+    _report.print_ladder(
         "median seconds to reach each held-out accuracy (censored: '-' = not reached by half the "
         "seeds)",
         list(summary["systems"]),
@@ -388,19 +396,19 @@ def print_report(summary: dict[str, Any], runs: list[H.RunResult]) -> None:
     )
     for s, d in summary["systems"].items():
         if d["final_eval_by_bench"] or d["final_eval_missing"]:
-            H.console.print(
+            _report.console.print(
                 f"[yellow]{s}: the run's own evaluation of its final step did not complete in "
                 f"{d['final_eval_by_bench'] + d['final_eval_missing']} of {d['runs']} run(s); the "
                 f"bench evaluated the final checkpoint itself in {d['final_eval_by_bench']} "
                 "(same greedy decoding, problems and scoring)[/]"
             )
-    H.print_failures(runs, NOTES)
+    _report.print_failures(runs, NOTES)
 
 
-def plot(runs: list[H.RunResult], path: Path) -> Path | None:
+def plot(runs: list[_results.RunResult], path: Path) -> Path | None:
     """Held-out accuracy against training time, one line per run, one colour per system."""
     colours = dict(zip(SYSTEMS, ("tab:blue", "tab:gray", "tab:red", "tab:orange"), strict=True))
-    return H.plot_accuracy(
+    return _plots.plot_accuracy(
         runs, path, colours, "AstraFlow vs TRL GRPOTrainer, one line per seed",
         "seconds since training start (evaluation pauses excluded)",
     )  # fmt: skip
@@ -410,23 +418,11 @@ def plot(runs: list[H.RunResult], path: Path) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="1 seed, few steps (about 2 minutes)")
-    ap.add_argument("--json", type=Path, help="write the results here")
-    ap.add_argument("--plot", type=Path, default=None, help="PNG of accuracy against time")
-    ap.add_argument(
-        "--from-json",
-        type=Path,
-        default=None,
-        help="re-analyse the runs saved in an earlier --json file instead of running",
-    )
-    ap.add_argument("--seeds", type=int, default=None, help="seeds per system (default 3)")
-    ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default: recipe's)")
-    ap.add_argument("--eval-every", type=int, default=None, help="evaluate every k steps")
-    ap.add_argument("--eval-tasks", type=int, default=None, help="held-out problems per eval")
+    ap = _cli.bench_parser(__doc__)
+    _cli.add_output_flags(ap, quick="1 seed, few steps (about 2 minutes)")
+    _cli.add_run_flags(ap)
+    _cli.add_comparison_flags(ap, SYSTEMS)
     ap.add_argument("--threshold", type=float, default=None, help="fixed accuracy to time")
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
-    ap.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL run")
     ap.add_argument(
         "--online-eval",
         action="store_true",
@@ -436,15 +432,6 @@ def main(argv: list[str] | None = None) -> int:
         "--keep-filters",
         action="store_true",
         help="AstraFlow keeps the recipe's zero-variance filter (TRL has none)",
-    )
-    ap.add_argument("--timeout", type=float, default=None, help="per-run limit in seconds")
-    ap.add_argument("--workdir", type=Path, default=None, help="keep runs here (default: temp)")
-    ap.add_argument(
-        "--af-set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra recipe override for the AstraFlow runs (exploration; results record it)",
     )
     # internal: the TRL run itself, in a subprocess
     T.add_worker_args(ap)
@@ -459,18 +446,18 @@ def main(argv: list[str] | None = None) -> int:
     eval_every = ns.eval_every or (4 if ns.quick else 10)
     eval_tasks = ns.eval_tasks or (100 if ns.quick else settings["eval_tasks"])
     timeout = ns.timeout or (240.0 if ns.quick else 1800.0)
-    systems = H.parse_systems(ap, ns.systems, SYSTEMS)
+    systems = _cli.parse_systems(ap, ns.systems, SYSTEMS)
     settings.update(max_steps=steps, eval_every=eval_every, eval_tasks=eval_tasks, seeds=seeds)
     af_set = ([] if ns.keep_filters else [trl_data_treatment()]) + list(ns.af_set)
     settings["astraflow_extra_overrides"] = af_set
 
-    runs: list[H.RunResult] = []
+    runs: list[_results.RunResult] = []
     if ns.from_json:
         saved = json.loads(ns.from_json.read_text())
-        runs = [H.RunResult.from_json(r) for r in saved["runs"]]
+        runs = [_results.RunResult.from_json(r) for r in saved["runs"]]
         settings = saved["settings"]
         seeds = 0  # nothing to run
-    with H.bench_workdir(ns.workdir, "astraflow-vs-trl-") as workdir:
+    with _runs.bench_workdir(ns.workdir, "astraflow-vs-trl-") as workdir:
         for seed in range(seeds):
             for system in systems:
                 if system.startswith("trl"):
@@ -483,14 +470,14 @@ def main(argv: list[str] | None = None) -> int:
                     run = partial(
                         run_astraflow, system.removeprefix("astraflow_"), seed, steps,
                         eval_every, eval_tasks, workdir, timeout, af_set,
-                        H.checkpoint_accuracy(settings, seed),
+                        _evaluation.checkpoint_accuracy(settings, seed),
                         None if ns.online_eval else settings,
                     )  # fmt: skip
                 label = f"{system} seed {seed} ({steps} steps, eval every {eval_every})"
-                runs.append(H.run_logged(label, run, _final_accuracy))
+                runs.append(_runs.run_logged(label, run, _final_accuracy))
         summary = analyse(runs, ns.threshold)
         print_report(summary, runs)
-        plotted = H.plot_safely(lambda: plot(runs, ns.plot)) if ns.plot else None
+        plotted = _plots.plot_safely(lambda: plot(runs, ns.plot)) if ns.plot else None
         if ns.json:
             payload = {
                 "benchmark": "vs_trl",
@@ -502,13 +489,13 @@ def main(argv: list[str] | None = None) -> int:
                 "plot": str(plotted) if plotted else None,
                 "runs": [r.to_json() for r in runs],
             }
-            H.write_json(ns.json, payload)
-            H.console.print(f"wrote {ns.json}")
+            _report.write_json(ns.json, payload)
+            _report.console.print(f"wrote {ns.json}")
     return 0 if all(r.ok for r in runs) else 1
 
 
-def _final_accuracy(pol: H.PolicyResult | None) -> str:
-    return f"final accuracy {H.fmt(pol.accuracy_final if pol else None, '{:.3f}')}"
+def _final_accuracy(pol: _results.PolicyResult | None) -> str:
+    return f"final accuracy {_report.fmt(pol.accuracy_final if pol else None, '{:.3f}')}"
 
 
 if __name__ == "__main__":

@@ -18,13 +18,13 @@ published (JSON ``delta_over_full_rl_lr``, target <= 0.03). Reports per case:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import _stamp
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -274,8 +274,7 @@ def main() -> None:
         "cases": rows,
     }
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        _stamp.write_json(args.json, payload)
         console.print(f"wrote {args.json}")
 
 

@@ -7,23 +7,20 @@ kill -9 it.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
-from astraflow.dataflow.app import create_app
 from astraflow.dataflow.config import ServiceConfig
+from astraflow.dataflow.http.app import create_app
 from astraflow.protocol import Episode, Trajectory
-from astraflow.protocol.http_server import bind_socket, url_for
+from astraflow.protocol.http_server import HTTPServer
 from astraflow.recipe import Recipe, recipe_to_toml
+from tasks.catalog import load_task_set
 
 TOKEN = "test-token-123"
 REPO = Path(__file__).resolve().parents[2]
@@ -105,36 +102,18 @@ class ThreadedService:
         config = app_kwargs.pop("config", None) or ServiceConfig.from_recipe(
             recipe, **app_kwargs.pop("config_kwargs", {})
         )
+        app_kwargs.setdefault("task_source", load_task_set)
         self.app = create_app(recipe, store, token, config=config, **app_kwargs)
         self.service = self.app.state.service
-        self.sock = bind_socket("127.0.0.1", 0)
-        self.url = url_for("127.0.0.1", self.sock.getsockname()[1], tls is not None)
-        self.server = uvicorn.Server(
-            uvicorn.Config(
-                self.app,
-                log_level="warning",
-                access_log=False,
-                lifespan="on",
-                **(tls.uvicorn_kwargs() if tls else {}),
-            )
-        )
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        asyncio.run(self.server.serve(sockets=[self.sock]))
+        self.http = HTTPServer(self.app, tls=tls, lifespan="on", name="dataflow-service")
+        self.url = self.http.url
 
     def __enter__(self) -> ThreadedService:
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            if time.time() > deadline or not self.thread.is_alive():
-                raise RuntimeError("dataflow service did not start")
-            time.sleep(0.01)
+        self.http.start_in_thread()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
+        self.http.stop_thread(timeout=30)
 
 
 class ServiceProcess:

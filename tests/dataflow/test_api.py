@@ -9,6 +9,8 @@ import msgpack
 import pytest
 from dataflow_helpers import TOKEN, ManualClock, ThreadedService, episode, group, make_recipe
 
+from astraflow.dataflow import storage
+from astraflow.dataflow.storage import history
 from astraflow.protocol import TrajectoryPush
 from astraflow.protocol.client import (
     AuthError,
@@ -60,10 +62,8 @@ def test_lease_push_batch_ack_round_trip(client, service):
     ack = client.ack(batch.id, trainer_version=1, metrics={"loss": 0.25})
     assert ack.ok
     # acked samples keep their record but free their token arrays (the store stops growing)
-    sizes = service.service.store.call(
-        lambda tx: tx.execute("SELECT length(tokens), reward FROM samples").fetchall()
-    )
-    assert len(sizes) == 8 and {n for n, _ in sizes} == {0}
+    samples = service.service.store.call(history.samples)
+    assert len(samples) == 8 and {s.stored_token_bytes for s in samples} == {0}
     status = client.status()
     assert status["policies"]["policy"]["steps"] == 1
     metrics = (service.service.config.metrics_path).read_text().splitlines()
@@ -98,7 +98,7 @@ def test_push_is_idempotent_and_first_finisher_wins(client):
     assert client.status()["policies"]["policy"]["buffer_samples"] == 4
     # node B cannot push for A's lease
     bad = client.push(node_id=node_b, lease_id=lease_a.id, episodes=eps[:1])
-    assert not bad.accepted and "granted to node" in bad.reason
+    assert not bad.accepted and "granted to another node" in bad.reason
 
 
 def test_push_validation_reasons(client):
@@ -392,7 +392,7 @@ def test_multi_role_and_frozen_policies(tmp_path):
 def test_lazy_enqueue_keeps_a_window(client, service):
     node = _node(client)
     client.lease(node_id=node, max_tasks=10, versions={"policy": 0})
-    n_tasks = service.service.store.call(lambda tx: tx.scalar("SELECT COUNT(*) FROM tasks"))
+    n_tasks = len(service.service.store.call(history.tasks))
     assert 10 <= n_tasks <= 10 + service.service.config.task_window  # not 20,000
 
 
@@ -505,7 +505,9 @@ def test_client_reports_unreachable_service():
 
 def test_backpressure_caps_buffered_and_in_flight_groups(tmp_path):
     """Async mode leases no more training tasks than buffer_steps x groups_per_step allow."""
-    recipe = make_recipe(tmp_path, dataflow={"lease_timeout_s": 30.0, "buffer_steps": 2})
+    recipe = make_recipe(
+        tmp_path, dataflow={"lease_timeout_s": 30.0, "buffer_steps": 2, "admission": "buffer"}
+    )
     with (
         ThreadedService(recipe, tmp_path / "df.db") as svc,
         SyncDataflowClient(svc.url, TOKEN, retries=0) as client,
@@ -519,3 +521,79 @@ def test_backpressure_caps_buffered_and_in_flight_groups(tmp_path):
         client.release(node, [grant.leases[0].id])
         third = client.lease(node_id=node, max_tasks=50, versions={"policy": 0})
         assert len(third.leases) == 1
+
+
+def test_a_stopping_service_writes_the_run_summary_to_metrics_jsonl(tmp_path):
+    """What a finished run did is read from its metrics file (benchmarks never open the store):
+    as it stops the service appends its status document and the run's clock figures."""
+    svc = ThreadedService(make_recipe(tmp_path), tmp_path / "df.db")
+    with svc, SyncDataflowClient(svc.url, TOKEN, retries=0) as client:
+        node = _node(client)
+        grant = client.lease(node_id=node, max_tasks=2, versions={"policy": 0})
+        for lease in grant.leases:
+            _finish(client, node, lease, [0, 1, 1, 0])
+        batch = client.next_batch(policy="policy", num_groups=2, trainer_version=0).batch
+        client.ack(batch.id, trainer_version=1, metrics={})
+    records = [json.loads(x) for x in svc.service.config.metrics_path.read_text().splitlines()]
+    assert [r["type"] for r in records] == ["step", "run_summary"]
+    summary = records[-1]
+    issued = min(lease.issued_at for lease in grant.leases)
+    assert summary["first_lease_at"] == pytest.approx(issued)
+    assert summary["train_episodes"] == 8
+    [(served, done)] = summary["batches"]["policy"]
+    assert served <= done == pytest.approx(records[0]["time"])
+    assert summary["status"]["policies"]["policy"]["steps"] == 1
+    assert summary["status"]["episodes"] == 8
+    assert summary["acked"] == {"policy": [[1, batch.id]]}
+    assert sorted(n for _, _, _, n in summary["leases"]) == [4, 4]
+    assert summary["nodes"][node]["episodes"] == 8 and summary["nodes"][node]["name"] == "n"
+    audit = summary["audit"]
+    assert (audit["tasks_lost"], audit["tasks_duplicated"], audit["samples_trained_twice"]) == (
+        0,
+        0,
+        0,
+    )
+    assert audit["leases_by_state"] == {"finished": 2}
+
+
+def test_the_run_summary_audit_names_a_lost_and_a_twice_trained_task(tmp_path):
+    """The audit is not a rubber stamp: a task left leased with no live lease and a group in two
+    acknowledged batches (both forced into the store here) are reported by id."""
+    svc = ThreadedService(make_recipe(tmp_path), tmp_path / "df.db")
+    with svc, SyncDataflowClient(svc.url, TOKEN, retries=0) as client:
+        node = _node(client)
+        grant = client.lease(node_id=node, max_tasks=3, versions={"policy": 0})
+        for lease in grant.leases[:2]:
+            _finish(client, node, lease, [0, 1, 1, 0])
+        batch = client.next_batch(policy="policy", num_groups=2, trainer_version=0).batch
+        client.ack(batch.id, trainer_version=1, metrics={})
+        lost = grant.leases[2]
+
+        def corrupt(tx):
+            storage.leases.expire(tx, [lost.id])  # its task stays marked leased
+            policy, version, layout, summary = storage.batches.for_assembly(tx, batch.id)
+            storage.batches.insert(tx, ("copy", policy, "t", version, None, layout, summary, 0.0))
+            storage.batches.mark_acked(tx, "copy", 0.0, step=2)  # the same groups again
+
+        svc.service.store.call(corrupt)
+    records = [json.loads(x) for x in svc.service.config.metrics_path.read_text().splitlines()]
+    audit = records[-1]["audit"]
+    assert audit["lost"]["orphaned"] == [lost.task.id] and audit["tasks_lost"] == 1
+    assert sorted(audit["duplicated"]["group_in_two_batches"]) == sorted(g.id for g in batch.groups)
+    assert audit["samples_trained_twice"] == 8 and audit["tasks_duplicated"] == 2
+
+
+def test_per_turn_rewards_reach_the_trainer(client, service):
+    """A trajectory's per-turn rewards (one per run of generated tokens) are stored with its
+    sample and served in the batch, for trainer.turn_discount."""
+    node = _node(client)
+    for lease in client.lease(node_id=node, max_tasks=2, versions={"policy": 0}).leases:
+        episodes = group(lease.task.id, [0, 1, 1, 0])
+        for i, ep in enumerate(episodes):
+            (traj,) = ep.trajectories
+            traj.loss_mask = [0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1]  # two turns
+            traj.turn_rewards = [0.5 * i, ep.rewards["agent"] - 0.5 * i]
+        assert client.push(node_id=node, lease_id=lease.id, episodes=episodes).accepted
+    batch = client.next_batch(policy="policy", num_groups=2, trainer_version=0).batch
+    kept = sorted(tuple(s.turn_rewards) for s in batch.samples)
+    assert kept == sorted([(0.0, 0.0), (0.5, 0.5), (1.0, 0.0), (1.5, -1.5)] * 2)

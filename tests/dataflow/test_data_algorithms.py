@@ -12,9 +12,10 @@ from dataflow_helpers import TOKEN, ThreadedService, group, make_recipe
 
 from astraflow.dataflow.policies import GroupView, Pipeline, PolicyConfigError, TaskView
 from astraflow.dataflow.policies.curriculum import PassRateCurriculum
-from astraflow.dataflow.policies.replay import GroupReplay, advantage_score
+from astraflow.dataflow.policies.group_replay import GroupReplay, advantage_score
 from astraflow.dataflow.policies.selection import EarliestDeadlineFirst, draw_set
 from astraflow.dataflow.policies.skipping import PredictiveSkip, prompt_key
+from astraflow.dataflow.storage import history
 from astraflow.protocol import WeightVersion
 from astraflow.protocol.client import SyncDataflowClient
 from astraflow.recipe import DataflowPolicyConfig
@@ -313,22 +314,21 @@ def test_predictive_skip_skips_counts_and_persists(tmp_path):
         ]
         in_e1 = sorted(i.rsplit("-", 1)[1] for i in second if ":e1:" in i)
         assert in_e1 == ["2", "3"]
-        skipped = svc.service.store.call(
-            lambda tx: tx.execute(
-                "SELECT id, winner FROM tasks WHERE winner LIKE 'skipped:%'"
-            ).fetchall()
-        )
-        assert {i for i, _ in skipped if ":e1:" in i} == {
+        skipped = [
+            t
+            for t in svc.service.store.call(history.tasks)
+            if (t.winner or "").startswith("skipped:")
+        ]
+        assert {t.id for t in skipped if ":e1:" in t.id} == {
             f"arith:train:e1:arith-L2-train-{k}" for k in (0, 1)
         }
-        assert {w for _, w in skipped} == {"skipped:predicted_zero_variance"}
+        assert {t.winner for t in skipped} == {"skipped:predicted_zero_variance"}
         st = c.status()["policies"]["policy"]
-        assert st["dropped"]["predicted_zero_variance"] == 4 * len(
-            skipped
-        )  # rollouts not generated
+        # rollouts not generated
+        assert st["dropped"]["predicted_zero_variance"] == 4 * len(skipped)
     with ThreadedService(recipe, db) as svc:
         skip = svc.service.ctx.pipeline.gates[0]
-        times = sum(":arith-L2-train-0" in i for i, _ in skipped)
+        times = sum(":arith-L2-train-0" in t.id for t in skipped)
         assert skip.prompts["arith:train:arith-L2-train-0"] == [1, times]  # streak 1, skips
         assert skip.skip_probability("arith:train:arith-L2-train-0") == 0.5**times
 
@@ -365,10 +365,8 @@ def test_replay_serves_copies_that_reference_the_originals(tmp_path):
         all_ids = [i for ids in acked for i in ids]
         assert len(all_ids) == len(set(all_ids))  # no sample row in two acknowledged batches
         # the replayed samples still carried their tokens when served (copies made at batch time)
-        rows = svc.service.store.call(
-            lambda tx: tx.execute("SELECT source, origin, n FROM replays ORDER BY rowid").fetchall()
-        )
-        assert all(n == 1 and src == origin for src, origin, n in rows)
+        rows = svc.service.store.call(history.replays)
+        assert all(r.n == 1 and r.source == r.origin for r in rows)
         counters = c.status()["policies"]["policy"]["counters"]
         assert counters["replayed_groups"] == 2 and counters["replayed_samples"] == 8
         # the pool ages out: at version 5 every remaining copy (min_version 0) is past the bound
@@ -411,14 +409,12 @@ def test_a_rewound_batch_with_replays_is_served_again_unchanged(tmp_path):
             assert (b.id, [s.id for s in b.samples], [s.tokens for s in b.samples]) == served[v]
             assert all(s.tokens for s in b.samples)  # kept: no checkpoint covers them yet
             c.ack(b.id, trainer_version=v + 1, checkpoint_version=1)
-        ids = svc.service.store.call(
-            lambda tx: [
-                sid
-                for (layout,) in tx.execute("SELECT layout FROM batches WHERE state='acked'")
-                for _, entries in json.loads(layout)
-                for sid, _, _ in entries
-            ]
-        )
+        ids = [
+            sid
+            for b in svc.service.store.call(history.batches)
+            if b.state == "acked"
+            for sid in b.sample_ids
+        ]
         assert len(ids) == len(set(ids)) == 3 * 8
 
 

@@ -38,7 +38,7 @@ def test_serve_writes_port_file_and_status_renders(tmp_path):
             "policies",
             "rollout nodes",
             "box-1",
-            "zero_variance:8",
+            "dropped samples: policy: zero_variance 8",
             "evaluations",
             "0/5",
         ):

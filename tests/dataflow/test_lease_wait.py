@@ -10,6 +10,7 @@ measures that).
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -147,6 +148,17 @@ def test_lease_expiry_wakes_a_parked_request(tmp_path):
         assert at - parked.sent < PROMPT_S
 
 
+def _just_after_a_sweep(svc) -> None:
+    """Return right after a pass of the lease sweeper (about one a second, its first one two
+    store operations), so the store operations counted in the next few tenths of a second are the
+    test's own. Call it while nothing else runs on the store."""
+    ops = svc.service.store.ops
+    deadline = time.monotonic() + 5
+    while svc.service.store.ops == ops and time.monotonic() < deadline:
+        time.sleep(0.002)
+    time.sleep(0.05)  # the first pass's second operation
+
+
 def test_push_of_a_dropped_group_frees_backpressure_room(tmp_path):
     """The push that completes a group the filter drops frees an in-flight slot and wakes the
     parked request. A push of part of the group changes nothing a parked request waits for: it
@@ -164,6 +176,7 @@ def test_push_of_a_dropped_group_frees_backpressure_room(tmp_path):
         assert len(leases) == 2  # cap = buffer_steps x groups_per_step
         parked = Parked(svc, node, {"policy": 0})
         parked.settle(svc)
+        _just_after_a_sweep(svc)
         episodes = group(leases[0].task.id, [1] * 4)
         generation, ops = svc.service._generation, svc.service.store.ops
         assert c.push(node_id=node, lease_id=leases[0].id, episodes=episodes[:3]).accepted
@@ -447,3 +460,38 @@ def test_a_node_behind_within_max_lag_parks_and_gets_work_first(tmp_path):
         assert not grant.leases and grant.latest_versions == {"policy": 3}
         assert grant.update_first
         assert "admission control" in (grant.reason or "")
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "application/msgpack"])
+def test_a_parked_request_whose_client_hangs_up_takes_nothing(tmp_path, content_type):
+    """A node that gives up on a parked lease request (its client timed out, it was killed, the
+    connection was cut) is noticed at once: work that appears afterwards goes to nodes that ask,
+    not to the dead request until its lease would expire. Both the FastAPI route (JSON) and the
+    fast path (msgpack) are watched."""
+    import httpx
+    import msgpack
+
+    with _serve(tmp_path, tasks=_finite_sets(1)) as svc, _client(svc) as c:
+        a = c.register(policies={"policy": 0}).node_id
+        b = c.register(policies={"policy": 0}).node_id
+        late = c.register(policies={"policy": 0}).node_id
+        (held,) = c.lease(node_id=a, max_tasks=5, versions={"policy": 0}).leases
+        body = {"node_id": b, "max_tasks": 1, "versions": {"policy": 0}, "wait_s": 60.0}
+        data = msgpack.packb(body) if content_type.endswith("msgpack") else json.dumps(body)
+        headers = {
+            "authorization": f"Bearer {TOKEN}",
+            "content-type": content_type,
+            "accept": content_type,
+        }
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
+            httpx.post(
+                f"{svc.url}/leases", content=data, headers=headers,
+                timeout=httpx.Timeout(10.0, read=1.0),
+            )  # fmt: skip
+        deadline = time.monotonic() + PROMPT_S
+        while svc.service._lease_waiters and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not svc.service._lease_waiters, "the hung-up request is still parked"
+        c.release(a, [held.id])  # work appears
+        grant = c.lease(node_id=late, max_tasks=1, versions={"policy": 0})
+        assert [lease.task.id for lease in grant.leases] == [held.task.id]

@@ -3,9 +3,16 @@ once, instead of after the lease timeout; a node of that name that is still aliv
 
 from __future__ import annotations
 
+from collections import Counter
+
 from dataflow_helpers import TOKEN, ManualClock, ThreadedService, make_recipe
 
+from astraflow.dataflow.storage import history
 from astraflow.protocol.client import SyncDataflowClient
+
+
+def _active_by_node(svc) -> Counter[str]:
+    return Counter(x.node_id for x in svc.service.store.call(history.leases) if x.state == "active")
 
 
 def test_replace_frees_a_silent_namesakes_leases(tmp_path):
@@ -22,27 +29,12 @@ def test_replace_frees_a_silent_namesakes_leases(tmp_path):
 
         # a replacement while node-1 is not yet silent for two heartbeats leaves it alone
         c.register(name="node-1", policies={"policy": 0}, replace=True)
-        assert (
-            svc.service.store.call(
-                lambda tx: tx.scalar(
-                    "SELECT COUNT(*) FROM leases WHERE node_id=? AND state='active'", (dead,), 0
-                )  # fmt: skip
-            )
-            == 3
-        )
+        assert _active_by_node(svc).get(dead) == 3
 
         clock.advance(0.5)  # node-1 is now silent for more than two heartbeat intervals
         c.heartbeat(alive, versions={"policy": 0})
         c.register(name="node-1", policies={"policy": 0}, replace=True)
-        states = svc.service.store.call(
-            lambda tx: dict(
-                tx.execute(
-                    "SELECT node_id, COUNT(*) FROM leases WHERE state='active' GROUP BY node_id"
-                ).fetchall()
-            )  # fmt: skip
-        )
+        states = _active_by_node(svc)
         assert dead not in states and states[alive] == 2
-        pending = svc.service.store.call(
-            lambda tx: {r[0] for r in tx.execute("SELECT id FROM tasks WHERE state='pending'")}
-        )
+        pending = {t.id for t in svc.service.store.call(history.tasks) if t.state == "pending"}
         assert {lease.task.id for lease in held} <= pending

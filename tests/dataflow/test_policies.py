@@ -15,8 +15,8 @@ from astraflow.dataflow.policies import (
     SampleView,
     TaskView,
 )
-from astraflow.dataflow.policies.batching import StalenessBound
-from astraflow.dataflow.policies.ingestion import ZeroVarianceFilter
+from astraflow.dataflow.policies.group_filters import ZeroVarianceFilter
+from astraflow.dataflow.policies.sample_filters import StalenessBound
 from astraflow.dataflow.policies.selection import (
     EarliestDeadlineFirst,
     FifoOrder,

@@ -11,8 +11,8 @@ import msgpack
 import pytest
 from dataflow_helpers import TOKEN, ThreadedService, group, make_recipe
 
-from astraflow.dataflow.access import RULES, allowed_roles
-from astraflow.dataflow.app import create_app
+from astraflow.dataflow.http.access import RULES, allowed_roles
+from astraflow.dataflow.http.app import create_app
 from astraflow.protocol import TrajectoryPush, encode
 from astraflow.protocol.auth import (
     ADMIN,
@@ -24,6 +24,7 @@ from astraflow.protocol.auth import (
     token_role,
 )
 from astraflow.protocol.client import AuthError, ForbiddenError, SyncDataflowClient
+from tasks.catalog import load_task_set
 
 NODE_TOKEN = derive_token(TOKEN, NODE)
 TRAINER_TOKEN = derive_token(TOKEN, TRAINER)
@@ -134,17 +135,50 @@ def test_openapi_names_each_routes_roles(service):
 
 def test_every_route_has_an_access_rule(tmp_path):
     """A route without a rule would be admin-only; that must be a decision, not an accident."""
-    app = create_app(make_recipe(tmp_path), tmp_path / "df.db", TOKEN)
+    app = create_app(make_recipe(tmp_path), tmp_path / "df.db", TOKEN, task_source=load_task_set)
     patterns = {p for p, _ in RULES}
     for route in app.routes:
         path = getattr(route, "path", None)
         if path and path != "/healthz":
-            assert path in patterns, f"{path} has no rule in astraflow/dataflow/access.py"
+            assert path in patterns, f"{path} has no rule in astraflow/dataflow/http/access.py"
     assert allowed_roles("/no/such/path") == {ADMIN}
     assert allowed_roles("/nodes/abc/heartbeat") == {NODE, ADMIN}
 
 
 def test_the_service_needs_the_secret_not_a_role_token(tmp_path):
     with pytest.raises(ValueError, match="needs the run secret, not a node token"):
-        create_app(make_recipe(tmp_path), tmp_path / "df.db", NODE_TOKEN)
+        create_app(make_recipe(tmp_path), tmp_path / "df.db", NODE_TOKEN, task_source=load_task_set)
     assert token_role(NODE_TOKEN) == NODE and token_role(TOKEN) is None
+
+
+def test_only_an_admin_may_stop_the_run_and_then_every_service_is_told(tmp_path):
+    """``POST /run/stop``: 403 for node and trainer tokens; the admin's stop is answered at once
+    to parked requests (a trainer's batch long poll and a node's lease long poll) and durable."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadedService(make_recipe(tmp_path), tmp_path / "df.db") as svc:
+        with _client(svc, NODE_TOKEN) as node, _client(svc, TRAINER_TOKEN) as trainer:
+            for client in (node, trainer):
+                with pytest.raises(ForbiddenError, match="admin"):
+                    client.stop_run()
+            node_id = node.register(policies={"policy": 0}, name="n").node_id
+            assert node.lease(node_id=node_id, max_tasks=1, versions={"policy": 0}).leases
+            with ThreadPoolExecutor(2) as pool, _client(svc, TRAINER_TOKEN) as poller:
+                parked = pool.submit(
+                    poller.next_batch, policy="policy", num_groups=64, trainer_version=0,
+                    wait_s=60,
+                )  # fmt: skip
+                with _client(svc, TOKEN) as admin:
+                    assert "run stopped: maintenance" in admin.stop_run("maintenance").detail
+                    assert "already" in admin.stop_run().detail
+                    status = admin.status()
+                reply = parked.result(timeout=10)  # answered by the stop, not by wait_s
+            assert reply.done and "stopped: maintenance" in reply.reason
+            assert status.stopped == "maintenance" and status.done
+            grant = node.lease(node_id=node_id, max_tasks=1, versions={"policy": 0}, wait_s=30)
+            assert grant.done and not grant.leases
+            assert node.heartbeat(node_id, versions={"policy": 0}).stop
+    # a restarted service stays stopped
+    with ThreadedService(make_recipe(tmp_path), tmp_path / "df.db") as svc:
+        with _client(svc, TOKEN) as admin:
+            assert admin.status().stopped == "maintenance"

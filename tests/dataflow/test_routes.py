@@ -8,8 +8,10 @@ import msgpack
 import pytest
 from dataflow_helpers import TOKEN, ThreadedService, make_recipe
 
-from astraflow.dataflow.app import create_app
-from astraflow.dataflow.routes import ROUTES
+from astraflow.dataflow.http.app import create_app
+from astraflow.dataflow.http.routes import ROUTES, Route
+from astraflow.protocol import routes as api
+from tasks.catalog import load_task_set
 
 MSGPACK = "application/msgpack"
 
@@ -29,7 +31,7 @@ def _post(service, path, body, accept):
 
 
 def test_app_serves_exactly_the_route_table(tmp_path):
-    app = create_app(make_recipe(tmp_path), tmp_path / "df.db", TOKEN)
+    app = create_app(make_recipe(tmp_path), tmp_path / "df.db", TOKEN, task_source=load_task_set)
     served = {
         (method, route.path)
         for route in app.routes
@@ -74,3 +76,14 @@ def test_fast_path_serves_a_registered_node(service):
     slow = _post(service, f"/nodes/{node}/heartbeat", msgpack.packb({}), "application/json")
     assert fast[0] == slow[0] == 200
     assert fast[1].keys() == slow[1].keys()
+
+
+def test_each_endpoint_of_the_protocol_table_is_bound_to_one_route():
+    """The server's routes are the protocol's endpoints (``astraflow/protocol/routes.py``) with
+    handlers: none missing, none extra, none twice."""
+    assert [r.endpoint for r in ROUTES] == list(api.ENDPOINTS)
+
+
+def test_a_route_whose_query_differs_from_its_endpoint_is_refused():
+    with pytest.raises(ValueError, match="query parameters"):
+        Route(api.STATUS, ROUTES[0].handler)

@@ -92,7 +92,14 @@ def test_both_views_draw_the_same_tables(running, tmp_path):
     _, client = running
     st = client.status()
     cli_view = _text(render(st))
-    for needle in ("policies", "rollout nodes", "box-1", "eu", "zero_variance:8", "evaluations"):
+    for needle in (
+        "policies",
+        "rollout nodes",
+        "box-1",
+        "eu",
+        "dropped samples: policy: zero_variance 8",
+        "evaluations",
+    ):
         assert needle in cli_view, f"{needle!r} missing from:\n{cli_view}"
     assert "0/5" in cli_view and "reward" not in cli_view  # no metrics without a run directory
 
@@ -104,11 +111,96 @@ def test_both_views_draw_the_same_tables(running, tmp_path):
     done.start(dict(os.environ)).proc.wait(timeout=60)
     panel = _text(render_status(st, [done], "runs/x", started=0.0, tail=MetricsTail(metrics)))
     assert "node-0:exit 0" in panel and "runs/x" in panel
-    for needle in ("box-1", "eu", "zero_variance:8", "evaluations", "0/5"):
+    for needle in ("box-1", "eu", "dropped samples: policy: zero_variance 8", "evaluations", "0/5"):
         assert needle in panel, f"{needle!r} missing from:\n{panel}"
     assert "reward" in panel and "0.625" in panel  # the newest step's reward
     assert "8.0" in panel  # samples/s: 16 samples over 2 s
     line = status_line(st, 12.0, MetricsTail(metrics))
     assert "policy: step 0/5 v-" in line and "reward 0.625" in line
+    assert "dropped policy: zero_variance 8" in line  # drop counts by reason, in the plain line
     waiting = _text(render_status(None, [], "runs/x", started=0.0))
     assert "waiting for the dataflow service" in waiting
+
+
+def test_live_view_at_80_columns_shows_drops_and_errors_in_full(running):
+    """Issue 28: drop reasons were cut to 'zero_varian…' and failed episodes lived only in the
+    node's log. At 80 columns the view names every drop reason and each error reason with its
+    first message."""
+    from dataflow_helpers import episode
+
+    svc, client = running
+    node = client.register(policies={"policy": 0}, name="box-2").node_id
+    message = "BadRequest: prompt has 443 tokens; the model's context is 256"
+    for lease in client.lease(node_id=node, max_tasks=8, versions={"policy": 0}).leases:
+        n = lease.task.group_size
+        failed = [episode(lease.task.id, error=message) for _ in range(n)]
+        assert client.push(node_id=node, lease_id=lease.id, episodes=failed).accepted
+    console = Console(width=80, record=True, color_system=None)
+    console.print(render(client.status()))
+    text = console.export_text()
+    view = " ".join(text.split())
+    assert "zero_variance 8" in view and "…" not in text  # tables wrap, nothing is cut
+    assert "failed episodes: episode_error: " in view and f"— {message}" in view
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_status_cli_with_run_dir_shows_the_autoscaler(running, tmp_path):
+    """``astraflow status URL --run-dir``: the service's tables under the autoscaler's line,
+    read from the run's ``autoscale.jsonl``."""
+    from typer.testing import CliRunner
+
+    from astraflow.launch.scaling import AutoscaleLog
+    from cli.main import app
+
+    svc, _ = running
+    figures = {"nodes": 2, "groups_per_node": 2, "in_flight": 3, "trainer_idle": 0.4,
+               "buffer_fill": None}  # fmt: skip
+    log = AutoscaleLog(tmp_path / "autoscale.jsonl")
+    log.write({"decision": "grow", "reason": "trainer starved", "pool": 1, "target": 2,
+               "nodes": ["node-1"], "figures": figures})  # fmt: skip
+    log.write({"decision": "hold", "reason": "cooldown (20s left)", "pool": 2, "target": 2,
+               "figures": figures})  # fmt: skip
+    args = ["status", svc.url, "--token", TOKEN, "--once"]
+    with_dir = CliRunner().invoke(app, [*args, "--run-dir", str(tmp_path)], env={"COLUMNS": "240"})
+    assert with_dir.exit_code == 0, with_dir.output
+    assert "autoscale: pool 2 · trainer idle 0.40 · 3/4 group slots in flight" in with_dir.output
+    assert "hold: cooldown (20s left) · last change: grow to 2" in with_dir.output
+    assert "box-1" in with_dir.output  # the service's tables follow
+    plain = CliRunner().invoke(app, args, env={"COLUMNS": "240"})
+    assert plain.exit_code == 0 and "autoscale:" not in plain.output
+
+
+def test_status_lists_a_bounded_number_of_nodes_and_counts_them_all(tmp_path, monkeypatch):
+    """A pool of thousands of nodes made /status a megabyte built on the store's writer thread;
+    it lists at most STATUS_NODES_LISTED active nodes (the silent ones first: the ones to look
+    at) plus the last that left, and node_summary counts every one of them."""
+    from dataflow_helpers import ManualClock
+
+    from astraflow.dataflow.ops import status as status_ops
+
+    monkeypatch.setattr(status_ops, "STATUS_NODES_LISTED", 3)
+    clock = ManualClock()
+    recipe = make_recipe(tmp_path, dataflow={"lease_timeout_s": 30.0})
+    with (
+        ThreadedService(recipe, tmp_path / "df.db", config_kwargs={"clock": clock}) as svc,
+        SyncDataflowClient(svc.url, TOKEN, retries=0) as client,
+    ):
+        ids = [
+            client.register(
+                policies={"policy": 0}, name=f"n{i}", region="eu" if i < 4 else "us"
+            ).node_id
+            for i in range(6)
+        ]
+        clock.advance(60.0)  # past the lease timeout: every node is silent ...
+        for nid in ids[:5]:  # ... but the last one, registered last
+            client.heartbeat(nid)
+        client.deregister(ids[0])
+        st = client.status()
+        shown = {n.name: n.state for n in st.nodes}
+        assert shown == {"n0": "left", "n5": "silent", "n1": "active", "n2": "active"}
+        s = st.node_summary
+        assert (s.active, s.silent, s.left, s.listed) == (4, 1, 1, 4)
+        assert s.regions["eu"].active == 3 and s.regions["us"].active == 1
+        assert s.regions["us"].silent == 1
+        # the live view says how many it does not show
+        assert "3 of 5 registered nodes shown" in _text(render(st))

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from astraflow.dataflow.store import Store
+from astraflow.dataflow.storage.store import Store
 
 
 def test_failing_operation_rolls_back_alone(tmp_path):
@@ -61,7 +61,7 @@ def test_wal_mode_and_async_run(tmp_path):
 def test_metrics_lines_missing_after_a_crash_are_recovered(tmp_path):
     import json
 
-    from astraflow.dataflow.metrics import MetricsLog
+    from astraflow.dataflow.ops.metrics import MetricsLog
 
     path = tmp_path / "metrics.jsonl"
     store = Store(tmp_path / "s.db")
@@ -80,7 +80,7 @@ def test_metrics_lines_missing_after_a_crash_are_recovered(tmp_path):
 
 def _on_wal_fsync(monkeypatch, store_path, action) -> None:
     """Run ``action()`` before every fsync of the store's WAL file (it may block or raise)."""
-    from astraflow.dataflow import store as store_mod
+    from astraflow.dataflow.storage import store as store_mod
 
     wal_ino = os.stat(f"{store_path}-wal").st_ino
     real_fsync = os.fsync
@@ -118,7 +118,7 @@ def test_full_replies_wait_for_the_wal_flush_while_the_writer_goes_on(tmp_path, 
 
 
 def test_a_failed_wal_flush_fails_its_replies_and_closes_the_store(tmp_path, monkeypatch):
-    from astraflow.dataflow.store import StoreClosed
+    from astraflow.dataflow.storage.store import StoreClosed
 
     path = tmp_path / "s.db"
     store = Store(path)
@@ -178,3 +178,103 @@ def test_a_store_from_before_leases_carried_is_eval_is_migrated(tmp_path):
     assert store.call(storage.leases.in_flight_training) == 1
     store.close()
     Store(path).close()  # a second open finds the column and leaves it be
+
+
+def test_a_store_from_before_per_turn_rewards_is_migrated(tmp_path):
+    """Samples stored before ``samples.turn_rewards`` existed open with the column added (NULL:
+    no per-turn rewards kept), and new samples can carry them."""
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old.executescript(
+        "CREATE TABLE samples (id TEXT PRIMARY KEY, episode_id TEXT NOT NULL, lease_id TEXT NOT "
+        "NULL, task_id TEXT NOT NULL, policy TEXT NOT NULL, role TEXT NOT NULL, group_id TEXT, "
+        "reward REAL NOT NULL, min_version INTEGER NOT NULL, max_version INTEGER NOT NULL, "
+        "n_tokens INTEGER NOT NULL, tokens BLOB NOT NULL, loss_mask BLOB NOT NULL, "
+        "logprobs BLOB NOT NULL, versions BLOB NOT NULL);"
+        "INSERT INTO samples VALUES ('s-old', 'e', 'l', 't', 'p', 'agent', 'g', 1.0, 0, 0, 1, "
+        "x'', x'', x'', x'');"
+    )
+    old.commit()
+    old.close()
+    from astraflow.dataflow import storage
+
+    store = Store(path)
+    store.call(
+        lambda tx: storage.samples.insert(
+            tx,
+            [
+                (
+                    "s-new",
+                    "e",
+                    "l",
+                    "t",
+                    "p",
+                    "g",
+                    "agent",
+                    1.0,
+                    0,
+                    0,
+                    1,
+                    b"",
+                    b"",
+                    b"",
+                    b"",
+                    "[0.5, 0.5]",
+                )
+            ],  # fmt: skip
+        )
+    )
+    rows = store.call(lambda tx: storage.samples.for_assembly(tx, ["s-old", "s-new"]))
+    assert rows["s-old"].turn_rewards is None and rows["s-new"].turn_rewards == "[0.5, 0.5]"
+    store.close()
+    Store(path).close()
+
+
+def test_history_reads_a_run_as_its_clients_saw_it(tmp_path):
+    """``storage.history``: what tests and tools read from a store (no SQL of their own) agrees
+    with what the service told its clients, read live and from the closed file."""
+    from dataflow_helpers import TOKEN, ThreadedService, group, make_recipe
+
+    from astraflow.dataflow.storage import history, store
+    from astraflow.protocol.client import SyncDataflowClient
+
+    db = tmp_path / "df.db"
+    with ThreadedService(make_recipe(tmp_path), db) as svc:
+        with SyncDataflowClient(svc.url, TOKEN, retries=0) as c:
+            node = c.register(policies={"policy": 0}, name="n").node_id
+            leases = c.lease(node_id=node, max_tasks=2, versions={"policy": 0}).leases
+            for lease in leases:
+                c.push(node_id=node, lease_id=lease.id, episodes=group(lease.task.id, [0, 1, 1, 0]))
+            batch = c.next_batch(policy="policy", num_groups=2, trainer_version=0).batch
+            c.ack(batch.id, trainer_version=1)
+            c.announce_version(policy="policy", version=1, location="mem://1", digest="d1")
+            live = svc.service.store.call(history.leases)
+    with store.read_only(db) as tx:
+        tasks, episodes = history.tasks(tx), history.episodes(tx)
+        samples, batches, versions = history.samples(tx), history.batches(tx), history.versions(tx)
+    assert [(x.id, x.node_id, x.state) for x in live] == [(x.id, node, "finished") for x in leases]
+    done = {t.id: t for t in tasks if t.state == "done"}
+    assert {x.task.id for x in leases} == set(done)
+    assert {done[x.task.id].winner for x in leases} == {x.id for x in leases}
+    assert len(episodes) == 8 and {e.lease_id for e in episodes} == {x.id for x in leases}
+    assert sorted(e.rewards["agent"] for e in episodes) == [0, 0, 0, 0, 1, 1, 1, 1]
+    [acked] = [b for b in batches if b.state == "acked"]
+    assert (acked.id, acked.step) == (batch.id, 1)
+    assert sorted(acked.sample_ids) == sorted(s.id for s in batch.samples)
+    assert {s.batch_id for s in samples} == {batch.id} and len(samples) == 8
+    assert [(v.policy, v.version, v.digest) for v in versions][-1] == ("policy", 1, "d1")
+
+
+def test_the_wal_stays_bounded_under_a_steady_stream_of_commits(tmp_path):
+    """Passive checkpoints never catch up with a writer that always has the next group: SQLite
+    then never starts the WAL over and it grows without bound. Past its limit the writer
+    checkpoints it whole and truncates it, and every committed row is in the database."""
+    store = Store(tmp_path / "s.db", checkpoint_s=3600.0, wal_limit_bytes=256 * 1024)
+    blob = "x" * 8000
+    for i in range(300):  # about 2.4 MB of rows
+        store.call(lambda tx, i=i: tx.set_meta(f"k{i}", blob))
+    wal = (tmp_path / "s.db-wal").stat().st_size
+    assert wal < 1024 * 1024, wal
+    assert store.wal_resets >= 1
+    assert store.call(lambda tx: tx.get_meta("k0")) == blob
+    store.close()

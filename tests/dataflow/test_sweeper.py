@@ -44,7 +44,7 @@ def test_sweeper_logs_a_failed_pass_with_traceback_and_keeps_expiring_leases(tmp
         tasks={"group_size": 2, "epochs": 1, "sets": [{"name": "arith", "limit": 1}]},
         dataflow={"lease_timeout_s": 1.0, "buffer_steps": 0},
     )
-    logger = logging.getLogger("astraflow.dataflow.service")
+    logger = logging.getLogger("astraflow.dataflow.ops.service")
     records = _Records()
     logger.addHandler(records)
     failed, recovered = records.expect("pass failed"), records.expect("recovered")

@@ -8,6 +8,7 @@ import json
 import pytest
 from dataflow_helpers import TOKEN, ThreadedService, group, make_recipe
 
+from astraflow.dataflow.storage import history
 from astraflow.protocol import WeightVersion
 from astraflow.protocol.client import SyncDataflowClient
 
@@ -46,10 +47,9 @@ def _step(c, version: int, checkpoint: int) -> tuple[str, list[str], list[int]]:
 
 
 def _steps(svc) -> list[tuple[int, str]]:
-    return svc.service.store.call(
-        lambda tx: tx.execute(
-            "SELECT step, id FROM batches WHERE state='acked' ORDER BY step"
-        ).fetchall()
+    """(step, batch id) of the acknowledged batches, by step."""
+    return sorted(
+        (b.step, b.id) for b in svc.service.store.call(history.batches) if b.state == "acked"
     )
 
 
@@ -98,13 +98,13 @@ def test_rewind_past_a_freed_checkpoint_retrains_on_fresh_groups(service):
         _announce(c, 0)
         first = [_step(c, v, checkpoint=2 * ((v + 1) // 2)) for v in range(5)]
         # samples of steps covered by checkpoint-4 were freed; steps after it were kept
-        sizes = service.service.store.call(
-            lambda tx: tx.execute(
-                "SELECT b.step, MIN(length(s.tokens)) FROM samples s JOIN groups g "
-                "ON s.group_id = g.id JOIN batches b ON g.batch_id = b.id GROUP BY b.step"
-            ).fetchall()
-        )
-        assert {step: n > 0 for step, n in sizes} == {
+        step_of = {b.id: b.step for b in service.service.store.call(history.batches)}
+        sizes: dict[int, int] = {}  # step -> the smallest token array still stored
+        for s in service.service.store.call(history.samples):
+            if s.batch_id is not None:
+                step = step_of[s.batch_id]
+                sizes[step] = min(sizes.get(step, s.stored_token_bytes), s.stored_token_bytes)
+        assert {step: n > 0 for step, n in sizes.items()} == {
             1: False,
             2: False,
             3: False,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+import time
 import uuid
 
 import pytest
@@ -155,6 +157,54 @@ def test_episode_shell_state_isolation_timeout_and_truncation():
     obs, r, term, _t, info = env.step("Think: done.\n\nAct: answer( ok )")
     assert term and r == 1.0 and info["status"] == "completed"
     env.close()
+
+
+def _running(argv: list[str]) -> list[int]:
+    """Host pids running ``argv`` (the sandbox's processes are visible from here)."""
+    wanted = b"\0".join(a.encode() for a in argv) + b"\0"
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if fh.read() == wanted:
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def test_close_from_another_thread_kills_the_running_command():
+    """The env runner closes an env whose step timed out from a thread of its own: the command
+    must die then, not when its own timeout ends (nor after a grace period for the supervisor)."""
+    box = _factory()()
+    marker = f"{uuid.uuid4().int % 1000}.{uuid.uuid4().int % 1000 + 1}"
+    outcome: dict = {}
+
+    def long_command() -> None:
+        try:
+            outcome["result"] = box.shell(f"sleep {marker}", timeout=600)
+        except SandboxError as exc:
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=long_command)
+    worker.start()
+    deadline = time.monotonic() + 20
+    while not _running(["sleep", marker]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _running(["sleep", marker]), "the command never started"
+    started = time.monotonic()
+    box.close()
+    closed_in = time.monotonic() - started
+    worker.join(10)
+    assert not worker.is_alive() and "error" in outcome  # the caller is told, not left waiting
+    # SIGKILLed with its PID namespace; the kernel tears that down a moment after close returns
+    gone_by = time.monotonic() + 1.0
+    while _running(["sleep", marker]) and time.monotonic() < gone_by:
+        time.sleep(0.01)
+    assert _running(["sleep", marker]) == []
+    # killed at once: the old close waited 2 s for a supervisor busy with the command
+    assert closed_in < 1.5, f"close took {closed_in:.2f}s"
 
 
 def test_round_limit_invalid_action_and_check_chain():

@@ -134,7 +134,9 @@ def test_program_killed_by_wall_clock_counts_unrun_tests_as_failed():
 def test_solution_that_exits_does_not_fake_success(env):
     env.reset(options={"task": TASK})
     _, reward, _, _, info = env.step(reply("import os\ndef fizz(n):\n    os._exit(0)\n"))
-    assert reward == 0.0 and "stopped early" in info["error"]
+    assert reward == 0.0 and info["tests"]
+    assert not any(t["passed"] for t in info["tests"])
+    assert "solution process exited" in info["tests"][0]["error"], info["tests"]
 
 
 def test_bad_task_payload_is_a_clear_error(env):

@@ -186,6 +186,29 @@ def test_factory_gives_each_env_its_own_reproducible_stream():
     assert seeded.seed == 1  # the section's own seed wins over the run seed
 
 
+def test_phases_scale_the_delays_by_where_training_is():
+    """A load that changes mid-run: the factory's envs scale each draw by the phase of the step
+    the node has heard of, the same draws otherwise (one stream, one seed)."""
+    cfg = EnvLatencyConfig(
+        distribution="fixed",
+        value_s=0.3,
+        phases=[{"from_step": 10, "scale": 10.0}, {"from_step": 20, "scale": 1.0}],
+    )
+    step = [0]
+    factory = LatencyEnvFactory(
+        lambda env_id, kw: make_env(env_id, **kw), cfg, seed=0, stream="n", step=lambda: step[0]
+    )
+    env = factory("astraflow/Math-v0", {})
+    delays = []
+    for at in (0, 9, 10, 19, 20, 50):
+        step[0] = at
+        delays.append(round(env.next_delay("step"), 6))
+    assert delays == [0.3, 0.3, 3.0, 3.0, 0.3, 0.3]
+    # without a step to follow (a caller outside a node), the phases do not apply
+    plain = LatencyEnvFactory(lambda env_id, kw: make_env(env_id, **kw), cfg, seed=0)
+    assert plain("astraflow/Math-v0", {}).scale is None
+
+
 @pytest.mark.parametrize(
     ("table", "message"),
     [
@@ -197,9 +220,11 @@ def test_factory_gives_each_env_its_own_reproducible_stream():
         ({"mu": 0.1, "sigma": 1.0, "p50_s": 1.0, "p99_s": 2.0}, "not both"),
         ({"distribution": "uniform", "p50_s": 0.1, "p99_s": 5.0}, "below 0 s"),
         ({"distribution": "weibull"}, "'lognormal', 'fixed', 'uniform' or 'pareto'"),
-        ({"on": ["close"]}, "'step' or 'reset'"),
+        ({"on": ["close"]}, "'step', 'reset' or 'tool_calls'"),
         ({"p50_s": -1.0, "p99_s": 2.0}, "greater than 0"),
         ({"sleep": 1}, "Extra inputs are not permitted"),
+        ({"phases": [{"from_step": 5, "scale": 2}, {"from_step": 5, "scale": 1}]}, "increasing"),
+        ({"phases": [{"from_step": 1, "scale": 0}]}, "greater than 0"),
     ],
 )
 def test_recipe_validation_errors(table, message):
@@ -231,3 +256,33 @@ def test_wrapper_rejects_bad_arguments():
         LatencyWrapper(env, on=("render",))
     with pytest.raises(ValueError, match="inner"):
         LatencyWrapper(env, inner="process")
+
+
+def test_tool_calls_delays_only_the_steps_that_call_tools():
+    """``on = ["tool_calls"]`` on a function-calling env: the calculator call waits its delay
+    (counted), the final answer's grading does not (sync and async paths alike)."""
+    from astraflow.tools.calls import ToolCall
+
+    def make():
+        env = make_env("astraflow/Tools-v0", tools=["tasks.calculator:calculator"], max_turns=2)
+        return LatencyWrapper(env, "fixed", value_s=0.05, seed=0, on=("tool_calls",))
+
+    call = [ToolCall("calculator", {"expression": "347*582"}, id="c1")]
+    env = make()
+    env.reset(options={"task": {"question": "347*582", "answer": "201954"}})
+    obs, *_ = env.step(call)
+    assert obs == "201954" and env.calls == 1 and env.delayed_s == pytest.approx(0.05)
+    _, reward, terminated, *_ = env.step("201954")
+    assert (reward, terminated) == (1.0, True)
+    assert env.calls == 1  # the answer was not delayed
+
+    async def episode():
+        env = make()
+        await env.areset(options={"task": {"question": "347*582", "answer": "201954"}})
+        await env.astep(call)
+        await env.astep("201954")
+        return env.calls
+
+    assert asyncio.run(episode()) == 1
+    cfg = EnvLatencyConfig(on=["tool_calls"])
+    assert LatencyEnvFactory(lambda *_: None, cfg, seed=0).on == ("tool_calls",)

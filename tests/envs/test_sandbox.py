@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from sandbox_helpers import backend_or_skip
 
 from envs.sandbox import ENV_VAR, Limits, SandboxError, make_backend, select_backend
 from envs.sandbox.base import prepare_files
@@ -14,10 +15,7 @@ BACKENDS = ["docker", "bwrap", "process"]
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def box(request):
-    try:
-        backend = make_backend(request.param)
-    except SandboxError as exc:
-        pytest.skip(f"{request.param} sandbox unavailable here: {exc}")
+    backend = backend_or_skip(request.param)
     yield backend
     backend.close()
 
@@ -124,31 +122,94 @@ def test_cli_lists_backends():
 @pytest.mark.parametrize("name", BACKENDS)
 def test_close_from_another_thread_kills_the_running_program(name):
     """A rollout node closes an env whose step ran past rollout.env_timeout_s from another
-    thread: the program must die at once (not at its wall clock) and ``run`` must return."""
+    thread: the program must die at once (not at its wall clock) and ``run`` must return.
+
+    The close comes only once the program runs (its process is seen on this host: a container's
+    processes are host processes too), so on docker this is the kill of a running container, not
+    the abort of one still being created (that path is the next two tests')."""
+    import secrets
     import threading
     import time
 
-    try:
-        box = make_backend(name)
-    except SandboxError as exc:
-        pytest.skip(f"{name} sandbox unavailable here: {exc}")
+    import psutil
+
+    box = backend_or_skip(name)
+    token = secrets.token_hex(6)
     done: dict = {}
 
     def run() -> None:
         done["result"] = box.run(
-            "import time\nprint('started', flush=True)\ntime.sleep(60)",
+            files={f"sleeper_{token}.py": "import time\ntime.sleep(60)\nprint('finished')"},
+            command=["python3", f"sleeper_{token}.py"],
             limits=Limits(wall_time_s=60),
         )
 
+    def running() -> bool:
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                if any(token in part for part in proc.info["cmdline"] or []):
+                    return True
+            except psutil.Error:
+                continue
+        return False
+
     runner = threading.Thread(target=run, daemon=True)
-    t0 = time.monotonic()
     runner.start()
-    deadline = time.monotonic() + 10
-    while box.runs_in_flight() == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)  # a close before the run registers would find nothing to kill
+    deadline = time.monotonic() + 30
+    while not running() and runner.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert running(), "the program never started"
+    t0 = time.monotonic()
     box.close()  # returns once the run has ended
     runner.join(15)
     assert not runner.is_alive(), "run() did not return after close()"
     result = done["result"]
     assert result.killed_reason == "closed", result.summary()
+    assert "finished" not in result.stdout
     assert time.monotonic() - t0 < 15
+    assert not running(), "the program outlived close()"
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_a_run_that_begins_after_close_is_killed_at_once(name):
+    """A close() that lands while a run is still being set up (a Docker container being created)
+    finds no program to kill yet; the run must still end at once instead of at its wall clock."""
+    import time
+
+    box = backend_or_skip(name)
+    box.close()
+    t0 = time.monotonic()
+    result = box.run(
+        "import time\ntime.sleep(30)\nprint('finished')", limits=Limits(wall_time_s=30)
+    )
+    assert result.killed_reason == "closed", result.summary()
+    assert "finished" not in result.stdout
+    assert time.monotonic() - t0 < 15
+
+
+def test_docker_close_while_the_container_is_created_leaves_nothing():
+    """The docker kill path end to end: close() from another thread right after run() began
+    (typically while the engine creates the container); run returns "closed", and no container
+    of the sandbox is left on the engine."""
+    import threading
+    import time
+
+    from envs.sandbox.docker import LABEL
+
+    box = backend_or_skip("docker")
+    client = box.client
+    done: dict = {}
+
+    def run() -> None:
+        done["result"] = box.run("import time\ntime.sleep(60)", limits=Limits(wall_time_s=60))
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    while box.runs_in_flight() == 0 and runner.is_alive():
+        time.sleep(0.001)
+    box.close()
+    runner.join(30)
+    assert not runner.is_alive(), "run() did not return after close()"
+    assert done["result"].killed_reason == "closed", done["result"].summary()
+    left = client.containers.list(all=True, filters={"label": LABEL})
+    assert not left, f"containers left behind: {[c.short_id for c in left]}"

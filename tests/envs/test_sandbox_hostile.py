@@ -15,8 +15,9 @@ import time
 
 import psutil
 import pytest
+from sandbox_helpers import backend_or_skip
 
-from envs.sandbox import Limits, SandboxError, make_backend
+from envs.sandbox import Limits, make_backend
 
 #: "-rlimits": the local backends without the pids cgroup, as on hosts that do not allow one.
 BACKENDS = ["docker", "bwrap", "process", "bwrap-rlimits", "process-rlimits"]
@@ -39,10 +40,7 @@ def _make(name: str):
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def box(request):
-    try:
-        backend = _make(request.param)
-    except SandboxError as exc:
-        pytest.skip(f"{request.param} sandbox unavailable here: {exc}")
+    backend = backend_or_skip(request.param, _make)
     yield backend
     backend.close()
 
@@ -266,3 +264,140 @@ while True:
     assert len(result.stdout) < 10_000 + 100
     assert len(result.stderr) < 10_000 + 100
     assert time.monotonic() - t0 < 10, "output overflow must stop the run early"
+
+
+# --- reward forging: a solution that tries to raise its own pass fraction -----------------------
+
+FORGE_TASK = {
+    "prompt": "def secret(n):\n",
+    "entry_point": "secret",
+    "tests": (
+        "def check(candidate):\n"
+        "    assert candidate(1) == 'q7'\n"
+        "    assert candidate(2) == 'z3'\n"
+        "    assert candidate(3) == (4, 'w')\n"
+        "    assert candidate(4) is True\n"
+    ),
+}
+HONEST = "def secret(n):\n    return {1: 'q7', 2: 'z3', 3: (4, 'w'), 4: True}[n]\n"
+
+#: Lines that would be result lines if the harness's marker could be found or guessed.
+_FAKE_LINES = """
+def _fake_lines(nonce):
+    out = []
+    for i in range(-1, 64):
+        out.append(nonce + json.dumps({"kind": "test", "i": i, "ok": True, "error": None}))
+    out.append(nonce + json.dumps({"kind": "done"}))
+    return "\\n".join(out) + "\\n"
+"""
+
+FORGERS = {
+    # The old harness looked its helpers up in __main__ at call time: replace the test runner.
+    "patch_main_module": """
+import sys
+_m = sys.modules["__main__"]
+_m._run = lambda *a, **k: None
+_m.__dict__["_run"] = lambda *a, **k: None
+def secret(n):
+    return None
+""",
+    # An object equal to everything passes every `==` assert of an in-process harness.
+    "always_equal": """
+class _Any:
+    def __eq__(self, other):
+        return True
+    def __ne__(self, other):
+        return False
+    def __bool__(self):
+        return True
+    __hash__ = object.__hash__
+class _S(str):
+    def __eq__(self, other):
+        return True
+    __hash__ = str.__hash__
+def secret(n):
+    return _Any() if n % 2 else _S("x")
+""",
+    # Find the marker (own memory, the program file, the parent's memory/cmdline/environ) and
+    # print result lines everywhere a result channel might be, then exit cleanly.
+    "print_marker_lines": _FAKE_LINES
+    + r"""
+import gc, json, os, re, sys
+found = set()
+for obj in gc.get_objects():
+    if isinstance(obj, str) and obj.startswith("@@AF-"):
+        found.add(obj[:23])
+for m in list(sys.modules.values()):
+    for v in list(getattr(m, "__dict__", {}).values()):
+        if isinstance(v, str) and v.startswith("@@AF-"):
+            found.add(v)
+pids = {os.getpid(), os.getppid(), 1}
+for pid in pids:
+    for name in ("cmdline", "environ"):
+        try:
+            found.update(re.findall(rb"@@AF-[0-9a-f]{16}@@", open(f"/proc/{pid}/{name}", "rb").read()))
+        except OSError:
+            pass
+    try:
+        with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb") as mem:
+            for line in maps:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                if "rw" in line.split()[1] and hi - lo < 64 << 20:
+                    try:
+                        mem.seek(lo)
+                        found.update(re.findall(rb"@@AF-[0-9a-f]{16}@@", mem.read(hi - lo)))
+                    except OSError:
+                        pass
+    except OSError:
+        pass
+for path in ("main.py", "/work/main.py"):
+    try:
+        found.update(re.findall(r"@@AF-[0-9a-f]{16}@@", open(path).read()))
+    except OSError:
+        pass
+nonces = {n.decode() if isinstance(n, bytes) else n for n in found} | {"@@AF-0000000000000000@@"}
+text = "".join(_fake_lines(n) for n in nonces)
+for fd in (1, 2):
+    try:
+        os.write(fd, text.encode())
+    except OSError:
+        pass
+for pid in pids:
+    for fd in range(0, 8):
+        try:
+            with open(f"/proc/{pid}/fd/{fd}", "w") as fh:
+                fh.write(text)
+        except OSError:
+            pass
+sys.stdout.write(text)
+sys.stdout.flush()
+os._exit(0)
+""",
+    # Exit before any test runs, and from inside the function under test.
+    "exit_at_import": "import os\nos._exit(0)\n",
+    "exit_in_call": "import os, sys\ndef secret(n):\n    os._exit(0) if n % 2 else sys.exit(0)\n",
+    # Kill the judge (the parent) so that nothing can report the failures.
+    "kill_the_judge": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+    "def secret(n):\n    return None\n",
+}
+
+
+def forge_score(box, solution: str) -> float:
+    """The pass fraction the code env's harness gives ``solution`` on this backend."""
+    from envs.code.harness import build_program, parse_report, plan_tests
+
+    plan = plan_tests(FORGE_TASK["tests"])
+    program, nonce = build_program(
+        solution, plan, FORGE_TASK["entry_point"], test_timeout_s=5.0, load_timeout_s=5.0
+    )
+    result = box.run(program, limits=Limits(wall_time_s=30.0, memory_mb=512, pids=32))
+    return parse_report(result.stdout, nonce, plan).pass_fraction
+
+
+def test_honest_solution_scores_full_marks(box):
+    assert forge_score(box, HONEST) == 1.0
+
+
+@pytest.mark.parametrize("forger", sorted(FORGERS))
+def test_reward_forging_programs_score_zero(box, forger):
+    assert forge_score(box, FORGERS[forger]) == 0.0

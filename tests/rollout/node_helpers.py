@@ -1,5 +1,5 @@
 """Helpers for the rollout-node tests: a real dataflow service and real nodes as child processes,
-a loopback TCP proxy that loses replies, and checks on the service's SQLite store.
+a loopback TCP proxy that loses replies, and checks on the service's SQLite store (read through the dataflow's storage functions).
 
 Everything listens on 127.0.0.1 and every process started here is stopped by PID.
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -17,9 +16,12 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from astraflow.dataflow.storage import history, store
 from astraflow.protocol.client import SyncDataflowClient
+
+T = TypeVar("T")
 
 TOKEN = "node-test-token"
 REPO = Path(__file__).resolve().parents[2]
@@ -57,6 +59,52 @@ device = "cpu"
 
 def arith_recipe(out: Path, n_tasks: int) -> str:
     return recipe_toml(out, f'{{ name = "arith", split = "train", limit = {n_tasks} }}')
+
+
+def multi_turn_recipe(
+    out: Path, name: str, *, group: int, n_tasks: int, max_turns: int,
+    checkpoint_after_s: float | None,
+) -> str:  # fmt: skip
+    """Multi-turn arithmetic episodes slowed by a fixed 0.4 s per env step, so a node can be
+    stopped in the middle of them; no trainer reads the buffer (samples stay for the caller to
+    read) and ``checkpoint_after_s`` (None: off) says whether the node saves episodes in flight."""
+    checkpoint = "" if checkpoint_after_s is None else f"checkpoint_after_s = {checkpoint_after_s}"
+    return f"""
+[run]
+name = "{name}"
+output_dir = "{out}"
+max_steps = 1000
+
+[policies.policy]
+model = "builtin:tiny-arith"
+sampling = {{ temperature = 1.0, max_tokens = 8 }}
+
+[tasks]
+env = "astraflow/MathMultiTurn-v0"
+group_size = {group}
+epochs = 1
+sets = [{{ name = "arith", split = "train", limit = {n_tasks} }}]
+
+[tasks.env_latency]
+distribution = "fixed"
+value_s = 0.4
+on = ["step"]
+
+[workflow]
+name = "single_agent"
+roles = {{ agent = "policy" }}
+max_turns = {max_turns}
+
+[dataflow]
+lease_timeout_s = 3.0
+heartbeat_interval_s = 0.5
+admission = "buffer"
+buffer_steps = 0
+
+[rollout]
+concurrency = {group}
+{checkpoint}
+"""
 
 
 def _env() -> dict[str, str]:
@@ -145,12 +193,11 @@ class Dataflow:
                 return node
         return None
 
-    def query(self, sql: str, args: tuple = ()) -> list[tuple]:
-        con = sqlite3.connect(f"file:{self.store}?mode=ro", uri=True, timeout=30)
-        try:
-            return con.execute(sql, args).fetchall()
-        finally:
-            con.close()
+    def read(self, read: Callable[[store.Tx], T]) -> T:
+        """``read(tx)`` on the service's store, opened read-only beside it (e.g.
+        ``history.leases``): the dataflow's storage functions, no SQL of the tests' own."""
+        with store.read_only(self.store) as tx:
+            return read(tx)
 
     def stop(self) -> None:
         self.client.close()
@@ -202,28 +249,23 @@ def node_id(df: Dataflow, name: str) -> str:
 def assert_every_task_once(df: Dataflow, n_tasks: int) -> dict[str, str]:
     """Every training task is done, by exactly one lease that delivered the whole group, and no
     other lease's episodes count. Returns task id -> winning node id."""
-    tasks = df.query("SELECT id, state, winner FROM tasks WHERE is_eval=0")
+    tasks = [t for t in df.read(history.tasks) if not t.is_eval]
     assert len(tasks) == n_tasks, f"expected {n_tasks} tasks, store has {len(tasks)}"
-    assert {t[1] for t in tasks} == {"done"}, Counter(t[1] for t in tasks)
-    leases = {
-        lid: (task, node, state, eps)
-        for lid, task, node, state, eps in df.query(
-            "SELECT id, task_id, node_id, state, episodes FROM leases"
-        )
-    }
-    eps_per_lease = Counter(r[0] for r in df.query("SELECT lease_id FROM episodes"))
+    assert {t.state for t in tasks} == {"done"}, Counter(t.state for t in tasks)
+    leases = {lease.id: lease for lease in df.read(history.leases)}
+    eps_per_lease = Counter(e.lease_id for e in df.read(history.episodes))
     winners = {}
-    for task_id, _, winner in tasks:
-        assert winner in leases, f"task {task_id} has no winning lease"
-        assert leases[winner][0] == task_id
-        assert eps_per_lease[winner] == GROUP_SIZE, (task_id, eps_per_lease[winner])
-        winners[task_id] = leases[winner][1]
-        others = [lid for lid, v in leases.items() if v[0] == task_id and lid != winner]
+    for task in tasks:
+        assert task.winner in leases, f"task {task.id} has no winning lease"
+        assert leases[task.winner].task_id == task.id
+        assert eps_per_lease[task.winner] == GROUP_SIZE, (task.id, eps_per_lease[task.winner])
+        winners[task.id] = leases[task.winner].node_id
+        others = [lid for lid, v in leases.items() if v.task_id == task.id and lid != task.winner]
         for lid in others:
             # a losing lease may have pushed a partial group; it must have been superseded
             if eps_per_lease[lid]:
-                assert leases[lid][2] == "superseded", (lid, leases[lid])
-    counted = sum(eps_per_lease[w] for _, _, w in tasks)
+                assert leases[lid].state == "superseded", (lid, leases[lid])
+    counted = sum(eps_per_lease[t.winner] for t in tasks)
     assert counted == n_tasks * GROUP_SIZE
     return winners
 

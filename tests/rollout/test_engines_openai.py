@@ -10,10 +10,11 @@ import httpx
 import pytest
 from tiny_random_model import build_random_tiny_model
 
+from astraflow.protocol.http_server import HTTPServer
 from astraflow.rollout.engines import SamplingParams, WeightUpdate, make_engine
 from astraflow.rollout.engines.completions_api import CompletionsAPIError
 from astraflow.rollout.engines.openai_engine import OpenAIEngine
-from astraflow.rollout.engines.openai_server import BackgroundServer, create_app
+from astraflow.rollout.engines.openai_server import create_app
 from astraflow.rollout.engines.transformers_engine import TransformersEngine
 
 KEY = "test-key"
@@ -34,13 +35,15 @@ def backend(model_dir):
 
 @pytest.fixture(scope="module")
 def server(backend):
-    with BackgroundServer(create_app(backend, "tiny", api_key=KEY)) as srv:
+    with HTTPServer(create_app(backend, "tiny", api_key=KEY), lifespan="off") as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
 def chat_only_server(backend):
-    with BackgroundServer(create_app(backend, "tiny", api_key=KEY, endpoints=("chat",))) as srv:
+    with HTTPServer(
+        create_app(backend, "tiny", api_key=KEY, endpoints=("chat",)), lifespan="off"
+    ) as srv:
         yield srv
 
 
@@ -51,7 +54,7 @@ def prompts_for(tokenizer, count=5):
 def test_token_in_token_out_matches_the_backend(server, backend, model_dir):
     async def main():
         client = make_engine(
-            "openai", "tiny", base_url=server.base_url, api_key=KEY, tokenizer=str(model_dir)
+            "openai", "tiny", base_url=server.url, api_key=KEY, tokenizer=str(model_dir)
         )
         prompts = prompts_for(client.tokenizer)
         remote = await asyncio.gather(*[client.generate(p, GREEDY) for p in prompts])
@@ -72,9 +75,7 @@ def test_token_in_token_out_matches_the_backend(server, backend, model_dir):
 
 def test_chat_fallback_when_only_chat_is_served(chat_only_server, backend, model_dir):
     async def main():
-        client = OpenAIEngine(
-            chat_only_server.base_url, "tiny", api_key=KEY, tokenizer=str(model_dir)
-        )
+        client = OpenAIEngine(chat_only_server.url, "tiny", api_key=KEY, tokenizer=str(model_dir))
         tok = client.tokenizer
         question = "12+30"
         prompt = tok.encode(question)
@@ -110,7 +111,7 @@ def test_server_contract(server):
         "logprobs": 1,
         "temperature": 0,
     }
-    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+    with httpx.Client(base_url=server.url, timeout=30) as http:
         assert http.get("/healthz").status_code == 200
         assert http.post("/v1/completions", json=body).status_code == 401
         bad_auth = {"Authorization": "Bearer nope"}
@@ -135,7 +136,7 @@ def test_server_contract(server):
 
 def test_frozen_policy_refuses_weights_and_reports_errors(server, model_dir):
     async def main():
-        client = OpenAIEngine(server.base_url, "tiny", api_key="wrong", tokenizer=str(model_dir))
+        client = OpenAIEngine(server.url, "tiny", api_key="wrong", tokenizer=str(model_dir))
         with pytest.raises(NotImplementedError, match="frozen"):
             await client.load_weights(WeightUpdate(version=1, full={}))
         with pytest.raises(CompletionsAPIError, match="401"):
@@ -144,4 +145,4 @@ def test_frozen_policy_refuses_weights_and_reports_errors(server, model_dir):
 
     asyncio.run(main())
     with pytest.raises(ValueError, match="mode"):
-        OpenAIEngine(server.base_url, "tiny", mode="grpc")
+        OpenAIEngine(server.url, "tiny", mode="grpc")

@@ -406,3 +406,41 @@ def test_waiting_requests_are_served_by_priority(model_dir):
         return finished
 
     assert run(main()) == [1.0, 2.0, 3.0, 5.0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is false)"
+)
+def test_generate_and_delta_update_on_cuda(model_dir, other_model_dir):
+    """The same engine code on a GPU: the model sits on CUDA, greedy completions carry the
+    log-probs a CPU forward pass computes, and a delta lands bit-exact in the CUDA weights."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    old_state = load_file(str(model_dir / "model.safetensors"))
+    new_state = load_file(str(other_model_dir / "model.safetensors"))
+    delta = _make_delta(old_state, new_state)
+
+    async def main():
+        engine = TransformersEngine(str(model_dir), device="cuda", seed=0)
+        prompts = prompts_for(engine, 8)
+        before = await asyncio.gather(*[engine.generate(p, GREEDY) for p in prompts])
+        await engine.load_weights(WeightUpdate(version=1, delta=delta, parent=0))
+        after = await asyncio.gather(*[engine.generate(p, GREEDY) for p in prompts])
+        devices = {p.device.type for p in engine.model.parameters()}
+        state = {k: v.detach().cpu() for k, v in engine.model.state_dict().items()}
+        await engine.close()
+        return prompts, before, after, devices, state
+
+    prompts, before, after, devices, state = run(main())
+    assert devices == {"cuda"}
+    for name, value in new_state.items():
+        assert torch.equal(state[name], value), name
+    assert all(b[0].version == 0 for b in before) and all(a[0].version == 1 for a in after)
+    for src, gens in ((model_dir, before), (other_model_dir, after)):
+        cpu_model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+        for prompt, gen in zip(prompts, gens, strict=True):
+            assert gen[0].token_ids, "an empty completion"
+            expected = recompute_logprobs(cpu_model, prompt, gen[0].token_ids, 0.0)
+            assert torch.allclose(torch.tensor(gen[0].logprobs), expected, atol=1e-3)

@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from astraflow.dataflow.storage import history
 from astraflow.protocol.client import DataflowClient, SyncDataflowClient
 from astraflow.recipe import load_recipe
 from astraflow.rollout.env_runner import EnvCallTimeout, EnvRunner
@@ -155,7 +156,7 @@ def test_slow_sync_steps_overlap_and_heartbeats_go_on(tmp_path, tiny_policies):
         assert len(watch.silences) > 5, "the watcher never saw the node"
         # heartbeat every 0.5 s; a loop blocked by one round of steps would be silent for 32 s
         assert max(watch.silences) < 3.0, f"node silent for {max(watch.silences):.1f}s"
-        rows = df.query("SELECT finish_reason, error FROM episodes")
+        rows = [(e.finish_reason, e.error) for e in df.read(history.episodes)]
         assert len(rows) == episodes and {r for r in rows} == {("truncated", None)}, rows
         assert node.env_runner.threads <= 32
     finally:
@@ -184,7 +185,7 @@ def test_hung_step_is_cut_recorded_and_the_node_goes_on(tmp_path, tiny_policies)
         assert node.stats.env_timeouts == 1 and node.stats.episodes == 2 * n_tasks - 1
         assert wall < 60, wall
         assert_every_task_once(df, n_tasks)  # the node went on and finished the run
-        rows = df.query("SELECT finish_reason, error FROM episodes")
+        rows = [(e.finish_reason, e.error) for e in df.read(history.episodes)]
         cut = [r for r in rows if r[0] == "env_timeout"]
         assert len(cut) == 1, rows
         assert "env.step took longer than rollout.env_timeout_s = 0.5s" in cut[0][1]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from astraflow.dataflow.storage import history
 from astraflow.protocol.client import AuthError, SyncDataflowClient
 from astraflow.recipe import load_recipe
 
@@ -55,12 +56,21 @@ def procs():
 
 
 def _active_leases(df: Dataflow, nid: str) -> list[tuple[str, str]]:
-    return df.query("SELECT id, task_id FROM leases WHERE node_id=? AND state='active'", (nid,))
+    return [
+        (lease.id, lease.task_id)
+        for lease in df.read(history.leases)
+        if lease.node_id == nid and lease.state == "active"
+    ]
 
 
-def _lease_states(df: Dataflow, ids: list[str]) -> dict[str, tuple[str, str]]:
-    rows = df.query("SELECT l.id, l.state, t.winner FROM leases l JOIN tasks t ON t.id=l.task_id")
-    return {lid: (st, winner) for lid, st, winner in rows if lid in ids}
+def _lease_states(df: Dataflow, ids: list[str]) -> dict[str, tuple[str, str | None]]:
+    """Lease id -> (its state, the winning lease of its task)."""
+    winner = {t.id: t.winner for t in df.read(history.tasks)}
+    return {
+        lease.id: (lease.state, winner[lease.task_id])
+        for lease in df.read(history.leases)
+        if lease.id in ids
+    }
 
 
 def _finish(df: Dataflow, node, timeout: float = 150) -> None:
@@ -150,7 +160,7 @@ def test_sigterm_finishes_or_releases_in_flight_and_deregisters(tmp_path, procs)
     f_states = _lease_states(df, [lid for lid, _ in f_held])
     for lid, (st, winner) in f_states.items():  # F finished every group it held
         assert winner == lid, (lid, st, winner)
-    assert not df.query("SELECT id FROM leases WHERE state IN ('expired', 'superseded')")
+    assert not [x for x in df.read(history.leases) if x.state in ("expired", "superseded")]
     assert not df.status()["done"]
 
     b = start_node(tmp_path, df.url, "B")
@@ -177,8 +187,8 @@ def test_env_exception_fails_only_that_episode(tmp_path, procs):
     _finish(df, a)
     assert_every_task_once(df, len(rows))
     per_task: dict[str, list] = {}
-    for task_id, reason, error in df.query("SELECT task_id, finish_reason, error FROM episodes"):
-        per_task.setdefault(task_id, []).append((reason, error))
+    for ep in df.read(history.episodes):
+        per_task.setdefault(ep.task_id, []).append((ep.finish_reason, ep.error))
     failed = [t for t, eps in per_task.items() if all(r == "error" for r, _ in eps)]
     clean = [t for t, eps in per_task.items() if all(e is None for _, e in eps)]
     assert len(failed) == 2 and len(clean) == 4, per_task
@@ -272,5 +282,5 @@ def test_push_retry_after_lost_reply_lands_once(tmp_path, procs):
     for body in proxy.bodies[:2]:
         assert proxy.bodies.count(body) >= 2
     assert_every_task_once(df, n)
-    assert len(df.query("SELECT id FROM episodes")) == n * GROUP_SIZE
+    assert len(df.read(history.episodes)) == n * GROUP_SIZE
     assert "already landed" in a.output()

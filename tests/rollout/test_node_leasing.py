@@ -14,13 +14,17 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataflow"))
 
 from dataflow_helpers import TOKEN, ThreadedService, episode, make_recipe  # noqa: E402
 
+from astraflow.dataflow.storage import history  # noqa: E402
 from astraflow.protocol.client import DataflowClient, SyncDataflowClient  # noqa: E402
 from astraflow.rollout.engines.base import SamplingParams  # noqa: E402
-from astraflow.rollout.node import NodeSettings, RolloutNode, ServedPolicy  # noqa: E402
+from astraflow.rollout.node import NodeSettings, RolloutNode  # noqa: E402
+from astraflow.rollout.workflows import RolePolicy  # noqa: E402
 from astraflow.rollout.workflows.base import WorkflowSpec  # noqa: E402
 
 LEASE_WAIT_S = 10.0
@@ -40,8 +44,13 @@ class ScriptedEngine:
 class NodeThread:
     """A real :class:`RolloutNode` on its own event loop in a background thread."""
 
-    def __init__(self, url: str, *, version: int = 0, concurrency: int = 2, fetcher=None):
+    def __init__(
+        self, url: str, *, version: int = 0, concurrency: int = 2, group_size=None, fetcher=None
+    ):
         self.url = url
+        self.group_size = group_size
+        self.running = 0  # episodes in flight on the node now, and the most seen at once
+        self.most_running = 0
         self.engine = ScriptedEngine(version)
         self.gate = threading.Event()  # each episode waits for it (set: episodes run through)
         self.gate.set()
@@ -53,9 +62,14 @@ class NodeThread:
         self.thread = threading.Thread(target=self._main, daemon=True)
 
     async def _workflow(self, task, by_role, make_env, **kwargs):
-        while not self.gate.is_set():
-            await asyncio.sleep(0.02)
-        return episode(task.id, reward=float(len(task.id) % 2), version=self.engine.version)
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        try:
+            while not self.gate.is_set():
+                await asyncio.sleep(0.02)
+            return episode(task.id, reward=float(len(task.id) % 2), version=self.engine.version)
+        finally:
+            self.running -= 1
 
     def _main(self) -> None:
         async def run():
@@ -64,11 +78,12 @@ class NodeThread:
             async with DataflowClient(self.url, TOKEN, retries=1) as client:
                 self.node = RolloutNode(
                     client,
-                    {"policy": ServedPolicy("policy", self.engine, SamplingParams())},
+                    {"policy": RolePolicy("policy", self.engine, SamplingParams())},
                     lambda _name: spec,
                     lambda env_id, kw: None,
                     NodeSettings(
                         concurrency=self.concurrency,
+                        group_size=self.group_size,
                         roles={"agent": "policy"},
                         lease_wait_s=LEASE_WAIT_S,
                         drain_timeout_s=5.0,
@@ -115,13 +130,12 @@ def _parked(svc, node_id: str, versions: dict[str, int] | None = None, timeout: 
         time.sleep(0.01)
 
 
-def _leases(svc, node_id: str) -> list[tuple]:
-    return svc.service.store.call(
-        lambda tx: tx.execute(
-            "SELECT id, task_id, state, versions FROM leases WHERE node_id=? ORDER BY issued_at",
-            (node_id,),
-        ).fetchall()
-    )
+def _leases(svc, node_id: str) -> list[history.LeaseRecord]:
+    return [x for x in svc.service.store.call(history.leases) if x.node_id == node_id]
+
+
+def _task(svc, task_id: str) -> history.TaskRecord:
+    return next(t for t in svc.service.store.call(history.tasks) if t.id == task_id)
 
 
 def _until(what: str, check, timeout: float):
@@ -134,11 +148,11 @@ def _until(what: str, check, timeout: float):
         time.sleep(0.01)
 
 
-def _finite(tmp_path, n: int, **dataflow):
+def _finite(tmp_path, n: int, group_size: int = 2, **dataflow):
     return make_recipe(
         tmp_path,
         policies={"policy": {"model": "builtin:tiny-arith", "trainable": False}},
-        tasks={"group_size": 2, "epochs": 1, "sets": [{"name": "arith", "limit": n}]},
+        tasks={"group_size": group_size, "epochs": 1, "sets": [{"name": "arith", "limit": n}]},
         dataflow={"lease_timeout_s": 30.0, "buffer_steps": 0, "heartbeat_interval_s": 0.3,
                   **dataflow},
     )  # fmt: skip
@@ -162,12 +176,7 @@ def test_parked_node_takes_released_work_at_once_and_leaves_when_done(tmp_path):
             # is answered "done" and the node leaves by itself
             node.thread.join(LEASE_WAIT_S)
             assert not node.thread.is_alive(), "the node did not leave when the run was done"
-            assert (
-                svc.service.store.call(
-                    lambda tx: tx.scalar("SELECT state FROM tasks WHERE id=?", (taken.task.id,))
-                )
-                == "done"
-            )
+            assert _task(svc, taken.task.id).state == "done"
         finally:
             node.stop()
 
@@ -198,7 +207,7 @@ def test_a_node_behind_on_weights_asks_again_as_soon_as_they_load(tmp_path):
             arrived.set()
             rows = _until("a lease with the new weights", lambda: _leases(svc, nid), PROMPT_S)
             assert time.monotonic() - t0 < PROMPT_S
-            assert all('"policy": 2' in r[3] for r in rows), rows
+            assert all(r.versions.get("policy") == 2 for r in rows), rows
         finally:
             node.stop()
 
@@ -216,17 +225,45 @@ def test_heartbeats_keep_leases_alive_while_a_lease_request_is_parked(tmp_path):
             _parked(svc, nid)
             (lease,) = _leases(svc, nid)
             time.sleep(3.0)  # three lease timeouts
-            assert _leases(svc, nid)[0][2] == "active"
+            assert _leases(svc, nid)[0].state == "active"
             node.gate.set()
             _until(
                 "the group to land under its original lease",
-                lambda: (
-                    svc.service.store.call(
-                        lambda tx: tx.scalar("SELECT winner FROM tasks WHERE id=?", (lease[1],))
-                    )
-                    == lease[0]
-                ),
+                lambda: _task(svc, lease.task_id).winner == lease.id,
                 PROMPT_S,
             )
+        finally:
+            node.stop()
+
+
+def _active_leases(svc, node_id: str) -> int:
+    return sum(1 for r in _leases(svc, node_id) if r.state == "active")
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "group_size", "expected"),
+    [(10, 4, 8), (8, 4, 8), (3, 4, 4)],  # a group larger than the node runs alone
+)
+def test_concurrency_counts_episodes_in_flight(tmp_path, concurrency, group_size, expected):
+    """``rollout.concurrency`` is episodes in flight per node: the node leases a group only while
+    its busy episodes plus the group fit, and the service never grants more episodes than the
+    request's free slots (it used to grant ``concurrency`` groups: 40 episodes at 10 x 4)."""
+    recipe = _finite(tmp_path, 12, group_size=group_size)
+    svc = ThreadedService(recipe, tmp_path / "df.db", config_kwargs={"done_grace_s": 0.2})
+    with svc:
+        node = NodeThread(svc.url, concurrency=concurrency)  # learns group_size at registration
+        node.gate.clear()  # episodes hold their slots until the gate opens
+        node.start()
+        try:
+            nid = node.node_id()
+            _until("the node filling its slots", lambda: node.running >= expected, PROMPT_S)
+            time.sleep(0.5)  # room for a wrong extra lease to show up
+            assert node.running == expected
+            assert _active_leases(svc, nid) == expected // group_size
+            node.gate.set()  # the rest of the run: every task, never more in flight
+            node.thread.join(60)
+            assert not node.thread.is_alive(), "the node did not finish the run"
+            assert node.most_running == expected
+            assert len(_leases(svc, nid)) == 12
         finally:
             node.stop()

@@ -114,6 +114,19 @@ def test_a_conversation_grows_one_sequence_without_retokenizing():
     assert traj.num_turns == 2 and ep.metrics["calls"] == 2.0
 
 
+def test_per_call_rewards_are_kept_per_turn_and_the_return_goes_to_the_last():
+    (ep,), _engine = run_episodes(agent("rewarded_turns"), [task("7-10", "-3")])
+    assert not isinstance(ep, BaseException), ep
+    (traj,) = ep.trajectories
+    assert traj.turn_rewards == [0.25, 1.5]  # call 0; the latest call plus the returned 1.0
+    assert ep.rewards == {"agent": 1.75}
+    (plain,), _ = run_episodes(agent("retry_once"), [task("7-10", "-3")])
+    assert plain.trajectories[0].turn_rewards is None  # no per-call rewards: as before
+    (bad,), _ = run_episodes(agent("rewards_a_call_it_never_made"), [task()])
+    assert isinstance(bad, WorkflowError)
+    assert "call 2 is not one of the 1 call(s) to model 'agent'" in str(bad)
+
+
 def test_completions_calls_continue_their_own_text():
     (ep,), engine = run_episodes(agent("complete_twice"), [task("5+29", "34")])
     assert not isinstance(ep, BaseException), ep

@@ -201,3 +201,53 @@ def test_an_update_waits_for_running_generations(loop, engines, models):
     for b, f, a, e in zip(before_update, in_flight, after, expected_after, strict=True):
         assert f.version == old_version and f.token_ids == b.token_ids
         assert a.version == old_version + 1 and a.token_ids == e.token_ids
+
+
+def test_lora_adapters_match_the_transformers_engine(loop, models, tmp_path_factory):
+    """Two adapter policies of one base on one vLLM server (``--enable-lora``, adapters loaded at
+    run time) generate what the transformers engine's peft adapters generate."""
+    pytest.importorskip("peft")
+    from astraflow.models.lora import AdapterSpec
+    from astraflow.recipe.schema import AdapterConfig
+    from astraflow.rollout.engines.adapters import adapter_engines
+
+    python = _vllm_python()
+    v0, _ = models
+    specs = [
+        AdapterSpec("solver", AdapterConfig(r=8, alpha=16, target_modules=["q_proj", "v_proj"]), 1),
+        AdapterSpec(
+            "verifier", AdapterConfig(r=8, alpha=16, target_modules=["q_proj", "v_proj"]), 2
+        ),
+    ]
+    vllm = VllmEngine(
+        str(v0), python=python, dtype="float32", max_model_len=256,
+        extra_args=["--enforce-eager", "--max-num-seqs", "32"],
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"},
+        workdir=tmp_path_factory.mktemp("vllm-lora"), adapters=specs,
+    )  # fmt: skip
+    reference = TransformersEngine(str(v0), adapters=specs)
+    ours = adapter_engines(vllm, {"solver": "solver", "verifier": "verifier"})
+    theirs = adapter_engines(reference, {"solver": "solver", "verifier": "verifier"})
+    g = torch.Generator().manual_seed(0)
+    prompts = prompts_for(reference.tokenizer, 4)
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    try:
+        loop.run_until_complete(vllm.wait_ready())
+        for policy in ("solver", "verifier"):
+            state = {
+                k: torch.randn(v.shape, generator=g) * 0.5 if ".lora_B." in k else v.clone()
+                for k, v in reference.adapter_state(policy).items()
+            }
+            update = WeightUpdate(version=1, full=state)
+            loop.run_until_complete(ours[policy].load_weights(update))
+            loop.run_until_complete(theirs[policy].load_weights(update))
+        for policy in ("solver", "verifier"):
+            got = gather(loop, ours[policy], prompts, params)
+            want = gather(loop, theirs[policy], prompts, params)
+            for a, b in zip(got, want, strict=True):
+                assert a.version == b.version == 1
+                assert a.token_ids == b.token_ids, policy
+                assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
+    finally:
+        for face in (*ours.values(), *theirs.values()):
+            loop.run_until_complete(face.close())

@@ -115,6 +115,81 @@ def test_solve_verify_splits_roles(engine, envs):
     )
 
 
+def test_solve_verify_solver_tries_through_a_multi_turn_env(engine, envs):
+    """``max_turns`` gives the solver several tries: each wrong answer gets the env's feedback as
+    context (not trained on) and another generation; the verifier judges the last answer."""
+    wf = default_workflows().get("solve_verify")
+    solver = RolePolicy("solver", engine, SamplingParams(temperature=1.0, max_tokens=4))
+    verifier = RolePolicy("verifier", engine, SamplingParams(temperature=1.0, max_tokens=1))
+    never = Task(
+        env="astraflow/MathMultiTurn-v0", payload={"question": "1000*1000", "answer": "-1"}
+    )
+    ep = asyncio.run(
+        wf.fn(never, {"solver": solver, "verifier": verifier}, envs, max_turns=3,
+              verifier_max_tokens=1)
+    )  # fmt: skip
+    s, v = ep.trajectories
+    segs = _segments(s.loss_mask)
+    assert s.num_turns == 3 and len(segs) == 3, segs
+    for (_, end), (start, _) in zip(segs, segs[1:], strict=False):
+        assert "<|user|>" in engine.tokenizer.decode(s.tokens[end:start])  # feedback is context
+    last = engine.tokenizer.decode(s.tokens[segs[-1][0] :], skip_special_tokens=True).strip()
+    assert f"1000*1000={last}?" in engine.tokenizer.decode(v.tokens[: v.prompt_length])
+    assert ep.rewards["solver"] == 0.0 and ep.info["correct"] is False
+    assert ep.finish_reason in ("truncated", "turn_limit")
+    assert ep.metrics["turns"] == 3.0
+
+
+def test_solve_verify_checks_the_verdict_with_a_tool(engine, registry):
+    """``verifier_tool_env``: the verdict is one more env call through the node's env factory
+    (so ``[tasks.env_latency]`` delays it, from a stream of its own), graded against the right
+    verdict; its reward is the verifier's."""
+    from astraflow.rollout.env_runner import EnvRunner
+    from envs.wrappers.latency import LatencyEnvFactory
+
+    built = []
+
+    def make(env_id, kwargs):
+        built.append(env_id)
+        return registry.make(env_id, **kwargs)
+
+    factory = LatencyEnvFactory(make, {"distribution": "fixed", "value_s": 0.001}, seed=0)
+    wrapped = []
+
+    def make_wrapped(env_id, kwargs):
+        env = factory(env_id, kwargs)
+        wrapped.append((env_id, env))
+        return env
+
+    runner = EnvRunner(make_wrapped, workers=2)
+    wf = default_workflows().get("solve_verify")
+    solver = RolePolicy("solver", engine, SamplingParams(temperature=1.0, max_tokens=4))
+    verifier = RolePolicy("verifier", engine, SamplingParams(temperature=1.0, max_tokens=1))
+    tasks = _tasks(6, env="astraflow/MathMultiTurn-v0")
+
+    async def run():
+        return await asyncio.gather(
+            *(
+                wf.fn(t, {"solver": solver, "verifier": verifier}, runner.make, max_turns=2,
+                      verifier_max_tokens=1, verifier_tool_env="astraflow/Math-v0")
+                for t in tasks
+            )
+        )  # fmt: skip
+
+    try:
+        episodes = asyncio.run(run())
+    finally:
+        runner.shutdown()
+    assert built.count("astraflow/Math-v0") == len(tasks)  # one check per episode
+    assert built.count("astraflow/MathMultiTurn-v0") == len(tasks)
+    checks = [env for env_id, env in wrapped if env_id == "astraflow/Math-v0"]
+    assert [env.calls for env in checks] == [1] * len(tasks)  # the check: one delayed step
+    for ep in episodes:
+        right = ep.info["verdict"] is not None and ep.info["verdict"] == ep.info["correct"]
+        assert ep.rewards["verifier"] == float(right)  # Math-v0 grades the digit verdicts exactly
+        assert ep.metrics["env_s"] > 0
+
+
 def test_plan_execute_shares_reward(engine, envs):
     wf = default_workflows().get("plan_execute")
     p = RolePolicy("p", engine, SamplingParams(temperature=1.0, max_tokens=3))
@@ -144,3 +219,65 @@ def test_greedy_eval_tasks_are_deterministic(engine, envs):
     a = asyncio.run(wf.fn(task, {"agent": policy}, envs))
     b = asyncio.run(wf.fn(task, {"agent": policy}, envs))
     assert a.trajectories[0].tokens == b.trajectories[0].tokens
+
+
+def test_long_multi_turn_episodes_end_at_the_context(engine, envs):
+    """MathMultiTurn-v0 with 8 tries on the tiny policy (256-token context): an episode whose
+    history reaches the context ends with ``length`` and keeps its reward; none sends the engine a
+    prompt it must refuse (which would make an error episode and bias the group)."""
+    assert engine.max_context == 256
+    wf = default_workflows().get("single_agent")
+    policy = RolePolicy("policy", engine, SamplingParams(temperature=1.0, max_tokens=12))
+    wrong = {"question": "1000*1000", "answer": "-1"}  # never solved: every episode runs long
+    tasks = [Task(env="astraflow/MathMultiTurn-v0", payload=wrong) for _ in range(4)]
+    tasks += _tasks(4, env="astraflow/MathMultiTurn-v0")
+
+    async def run():
+        return await asyncio.gather(
+            *(wf.fn(t, {"agent": policy}, envs, max_turns=8) for t in tasks)
+        )
+
+    episodes = asyncio.run(run())
+    hit = [ep for ep in episodes if ep.finish_reason == "length"]
+    assert len(hit) >= 4, [ep.finish_reason for ep in episodes]
+    for ep in episodes:
+        assert ep.finish_reason in ("terminated", "length"), ep.finish_reason
+        (traj,) = ep.trajectories
+        assert len(traj.tokens) <= engine.max_context - 1
+    for ep in hit:
+        (traj,) = ep.trajectories
+        # the feedback that would not fit is skipped: the sequence ends on generated tokens
+        assert traj.loss_mask[-1] == 1 and traj.num_turns < 8
+        assert ep.rewards["agent"] == 0.0 and not ep.info.get("success")
+    # the recipe's max_total_tokens is the bound when it is the smaller one
+    # (40 tokens: less than the prompt plus one feedback message, so the budget ends the episode
+    # before the env can, whatever the sampled answer lengths)
+    short = asyncio.run(wf.fn(tasks[0], {"agent": policy}, envs, max_turns=8, max_total_tokens=40))
+    assert short.finish_reason == "length" and len(short.trajectories[0].tokens) <= 40
+
+
+def test_multi_role_workflows_end_at_the_context(engine, envs):
+    p = RolePolicy("p", engine, SamplingParams(temperature=1.0, max_tokens=12))
+    wrong = {"question": "1000*1000", "answer": "-1"}
+    task = Task(env="astraflow/MathMultiTurn-v0", payload=wrong)
+    plan = default_workflows().get("plan_execute")
+    ep = asyncio.run(plan.fn(task, {"planner": p, "executor": p}, envs, max_turns=30))
+    assert ep.finish_reason == "length"
+    assert all(len(t.tokens) <= engine.max_context - 1 for t in ep.trajectories)
+    # a bound smaller than the verifier's prompt: the solver answers, the verifier cannot
+    sv = default_workflows().get("solve_verify")
+    (task,) = _tasks(1)
+    solver, verifier = p, RolePolicy("v", engine, SamplingParams(max_tokens=2))
+    ep = asyncio.run(
+        sv.fn(
+            task,
+            {"solver": solver, "verifier": verifier},
+            envs,
+            verify_template="{question}={answer}? " + "check carefully " * 40,
+            max_total_tokens=60,
+        )
+    )
+    assert ep.finish_reason == "length"
+    s, v = ep.trajectories
+    assert sum(s.loss_mask) > 0 and sum(v.loss_mask) == 0
+    assert ep.rewards["verifier"] == 0.0

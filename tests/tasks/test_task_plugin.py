@@ -14,10 +14,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_SRC = Path(__file__).parent / "plugin_pkg"
@@ -128,10 +128,10 @@ def test_astraflow_train_on_plugin_env_and_task_set(site, tmp_path):
     assert [r["step"] for r in steps] == [1, 2]
     assert all(r["samples"] > 0 for r in steps)
     # the tasks trained on are the plugin's, run in the plugin's env
-    import sqlite3
+    from astraflow.dataflow.storage import history, store
 
-    db = sqlite3.connect(tmp_path / "runs" / "acme" / "dataflow.db")
-    ids = [r[0] for r in db.execute("SELECT id FROM tasks LIMIT 5")]
+    with store.read_only(tmp_path / "runs" / "acme" / "dataflow.db") as tx:
+        ids = [t.id for t in history.tasks(tx)]
     assert ids and all(i.startswith("acme_doubles:train:") for i in ids)
 
     # `eval run` scores the run directory's latest checkpoint on the plugin's held-out split

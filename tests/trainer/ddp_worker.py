@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from trainer_rollouts import arith_prompts, make_batch, rollout_group  # noqa: E402
+from trainer_rollouts import arith_producer  # noqa: E402
 
 
 def main(out_dir: Path) -> None:
@@ -30,12 +30,7 @@ def main(out_dir: Path) -> None:
     tok = load_tokenizer(path)
     sampler = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
-    def producer(policy, num_groups, version):
-        groups = [
-            rollout_group(sampler, tok, q, a, policy=policy, group_size=4, version=version)
-            for q, a in arith_prompts(num_groups, seed=version)
-        ]
-        return make_batch(groups, policy, version)
+    producer = arith_producer(sampler, tok)
 
     source = InProcessBatchSource(producer=producer)
     published: list[int] = []

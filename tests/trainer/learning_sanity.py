@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from trainer_rollouts import arith_prompts, make_batch, rollout_group  # noqa: E402
+from trainer_rollouts import arith_producer, arith_prompts  # noqa: E402
 
 
 def rule_reward(text: str, answer: str) -> float:
@@ -84,21 +84,9 @@ def main() -> int:
     held_out = arith_prompts(300, seed=424242)
     acc_before = greedy_accuracy(sampler, tok, held_out)
 
-    def producer(policy, num_groups, version):
-        groups = [
-            rollout_group(
-                sampler,
-                tok,
-                q,
-                a,
-                policy=policy,
-                group_size=args.group_size,
-                version=version,
-                reward_fn=rule_reward,
-            )
-            for q, a in arith_prompts(num_groups, seed=1000 + version)
-        ]
-        return make_batch(groups, policy, version)
+    producer = arith_producer(
+        sampler, tok, group_size=args.group_size, seed_offset=1000, reward_fn=rule_reward
+    )
 
     def publish(version, state_dict):
         sampler.load_state_dict(state_dict)

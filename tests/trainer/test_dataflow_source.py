@@ -7,26 +7,22 @@ and acknowledges the batch; the service then reports the step.
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
-
 import pytest
 import torch
 from trainer_rollouts import rollout_group
 
-pytest.importorskip("astraflow.dataflow.app")
+pytest.importorskip("astraflow.dataflow.http.app")
 
-import uvicorn  # noqa: E402
 
-from astraflow.dataflow.app import create_app  # noqa: E402
+from astraflow.dataflow.http.app import create_app  # noqa: E402
 from astraflow.protocol import Episode, Trajectory, WeightVersion  # noqa: E402
 from astraflow.protocol.client import SyncDataflowClient  # noqa: E402
-from astraflow.protocol.http_server import bind_socket, url_for  # noqa: E402
+from astraflow.protocol.http_server import HTTPServer  # noqa: E402
 from astraflow.recipe import Recipe  # noqa: E402
 from astraflow.trainer.grpo import build_trainer  # noqa: E402
 from astraflow.trainer.loop import train_policy  # noqa: E402
 from astraflow.trainer.source import DataflowBatchSource  # noqa: E402
+from tasks.catalog import load_task_set  # noqa: E402
 
 TOKEN = "trainer-test-token"
 
@@ -35,27 +31,16 @@ class LoopbackService:
     """The real dataflow app under uvicorn in a background thread."""
 
     def __init__(self, recipe: Recipe, store) -> None:
-        self.app = create_app(recipe, store, TOKEN)
-        self.sock = bind_socket("127.0.0.1", 0)
-        self.url = url_for("127.0.0.1", self.sock.getsockname()[1])
-        self.server = uvicorn.Server(
-            uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="on")
-        )
-        self.thread = threading.Thread(
-            target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])), daemon=True
-        )
+        self.app = create_app(recipe, store, TOKEN, task_source=load_task_set)
+        self.http = HTTPServer(self.app, lifespan="on", name="dataflow-service")
+        self.url = self.http.url
 
     def __enter__(self):
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            assert time.time() < deadline and self.thread.is_alive(), "dataflow did not start"
-            time.sleep(0.01)
+        self.http.start_in_thread()
         return self
 
     def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
+        self.http.stop_thread(timeout=30)
 
 
 def _episodes(lease, group) -> list[Episode]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_rollouts import arith_prompts, make_batch, rollout_group
+from trainer_rollouts import arith_producer, arith_prompts, make_batch, rollout_group
 
 from astraflow.protocol import Group, Sample, new_id
 from astraflow.recipe.schema import TrainerConfig
@@ -47,12 +47,7 @@ def test_real_steps_publish_then_ack_and_resume(tmp_path, tiny_model_path, tiny_
     events: list = []
     torch.manual_seed(0)
 
-    def producer(policy, num_groups, version):
-        groups = [
-            rollout_group(generator, tok, q, a, policy=policy, group_size=4, version=version)
-            for q, a in arith_prompts(num_groups, seed=version)
-        ]
-        return make_batch(groups, policy, version)
+    producer = arith_producer(generator, tok)
 
     def publish(version, state_dict):
         events.append(("publish", version))
@@ -144,7 +139,6 @@ def loss_trainer(tmp_path, tiny_model_path):
             POLICY,
             max_steps=1,
             publish_on_start=False,
-            advantage_mode="dataflow",
             **kw,
         )
         trainer.model.train()
@@ -258,6 +252,40 @@ def test_multi_turn_loss_mask(loss_trainer, tiny_policy):
         other.tokens[i] = tok.convert_tokens_to_ids("x")
     changed, _, _ = _loss(trainer, source, [_group([other, s2])])
     assert changed.item() != pytest.approx(base.item(), abs=1e-6)
+
+
+def test_turn_discount_credits_each_turn_in_the_loss(loss_trainer, tiny_policy):
+    """trainer.turn_discount: TRL's loss takes per-token advantages, each turn's the normalised
+    discounted return from that turn on (equal totals: no signal without it)."""
+    model, tok = tiny_policy
+    trainer, source = loss_trainer()
+    s1 = _multi_turn_sample(model, tok, 0.0, seed=1).model_copy(
+        update={"reward": 1.0, "turn_rewards": [1.0, 0.0]}
+    )
+    s2 = _multi_turn_sample(model, tok, 0.0, seed=2).model_copy(
+        update={"reward": 1.0, "turn_rewards": [0.0, 1.0]}
+    )
+    flat, _, _ = _loss(trainer, source, [_group([s1, s2])])
+    assert flat.item() == 0.0  # one advantage per sample: equal rewards, nothing to learn
+    trainer.turn_discount = 0.5
+    loss, _, inputs = _loss(trainer, source, [_group([s1, s2])])
+    assert inputs["advantages"].dim() == 2
+    returns = {id(s1): [1.0, 0.0], id(s2): [0.5, 1.0]}
+    flat_returns = [g for r in returns.values() for g in r]
+    mean = sum(flat_returns) / 4
+    std = torch.tensor(flat_returns).std().item()
+    num, n_tokens = 0.0, 0
+    for s in (s1, s2):
+        lp = [0.0] + _token_logps(trainer.model, s.tokens).tolist()
+        turn = -1
+        for t, m in enumerate(s.loss_mask):
+            if m and not s.loss_mask[t - 1]:
+                turn += 1
+            if m:
+                adv = (returns[id(s)][turn] - mean) / (std + 1e-4)
+                num += adv * min(math.exp(lp[t] - s.logprobs[t]), 2.0)
+                n_tokens += 1
+    assert loss.item() == pytest.approx(-num / n_tokens, abs=1e-5)
 
 
 def test_behaviour_logprobs_drive_importance_ratio(loss_trainer, tiny_policy):
@@ -454,3 +482,34 @@ def test_resume_on_the_same_batches_retrains_to_the_same_weights(
     assert [a.batch_id for a in replay.acks] == [b.id for b in batches[1:]]
     assert [a.trainer_version for a in replay.acks] == [2, 3, 4]
     assert {v: after[v] for v in (2, 3, 4)} == {v: before[v] for v in (2, 3, 4)}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is false)"
+)
+def test_one_step_on_cuda_publishes_moved_weights(tmp_path, tiny_model_path, tiny_policy):
+    """The same trainer code on a GPU (``trainer.device = "cuda"``, dtype auto): the model sits
+    on CUDA, one real step has a finite loss and a gradient, and version 1 differs from 0."""
+    _, tok = tiny_policy
+    generator = _fresh_generator(tiny_model_path)  # CPU rollouts, as a rollout node makes them
+    torch.manual_seed(0)
+
+    producer = arith_producer(generator, tok)
+
+    published: dict[int, dict[str, torch.Tensor]] = {}
+
+    def publish(version, state_dict):
+        published[version] = {k: v.detach().float().cpu().clone() for k, v in state_dict.items()}
+
+    source = InProcessBatchSource(producer=producer)
+    cfg = TrainerConfig(groups_per_step=2, learning_rate=1e-3, device="cuda")
+    trainer = build_trainer(
+        tiny_model_path, cfg, source, tmp_path, POLICY, max_steps=1, publish=publish
+    )
+    assert {p.device.type for p in trainer.model.parameters()} == {"cuda"}
+    assert trainer.run(resume=False) == 1
+    [ack] = source.acks
+    assert math.isfinite(ack.metrics["loss"]) and ack.metrics["grad_norm"] > 0
+    assert sorted(published) == [0, 1]
+    assert any(not torch.equal(published[0][k], published[1][k]) for k in published[0])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_rollouts import arith_prompts, make_batch, rollout_group
+from trainer_rollouts import arith_producer
 
 from astraflow.recipe.schema import LoraConfig, TrainerConfig
 from astraflow.trainer.grpo import build_trainer
@@ -31,12 +31,7 @@ def lora_run(tmp_path_factory, tiny_model_path, tiny_policy):
     store = WeightStore(tmp / "weights")
     torch.manual_seed(0)
 
-    def producer(policy, num_groups, version):
-        groups = [
-            rollout_group(generator, tok, q, a, policy=policy, group_size=4, version=version)
-            for q, a in arith_prompts(num_groups, seed=version)
-        ]
-        return make_batch(groups, policy, version)
+    producer = arith_producer(generator, tok)
 
     def publish(version, state):
         store.publish(POLICY, version, state)
@@ -134,12 +129,7 @@ def test_resume_loads_the_adapter_checkpoint(lora_run, tiny_model_path, tiny_pol
     sampler = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
     sampler.load_state_dict(lora_run["store"].load_state(POLICY, 3))
 
-    def producer(policy, num_groups, version):
-        groups = [
-            rollout_group(sampler, tok, q, a, policy=policy, group_size=4, version=version)
-            for q, a in arith_prompts(num_groups, seed=version)
-        ]
-        return make_batch(groups, policy, version)
+    producer = arith_producer(sampler, tok)
 
     published: dict[int, dict[str, torch.Tensor]] = {}
     cfg = TrainerConfig(groups_per_step=3, learning_rate=5e-3, checkpoint_every=3,

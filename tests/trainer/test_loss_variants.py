@@ -59,7 +59,7 @@ def make_trainer(tmp_path, tiny_model_path):
         source = InProcessBatchSource()
         trainer = build_trainer(
             tiny_model_path, trainer_cfg, source, tmp_path, POLICY, max_steps=1,
-            publish_on_start=False, advantage_mode="dataflow",
+            publish_on_start=False,
         )  # fmt: skip
         trainer.model.train()
         return trainer, source

@@ -118,3 +118,34 @@ def rollout_group(
 
 def make_batch(groups: list[Group], policy: str, version: int) -> Batch:
     return Batch(id=new_id("batch"), policy=policy, trainer_version=version, groups=groups)
+
+
+def arith_producer(
+    model,
+    tokenizer,
+    *,
+    group_size: int = 4,
+    seed_offset: int = 0,
+    reward_fn: Callable[[str, str], float] = digit_reward,
+) -> Callable[[str, int, int], Batch]:
+    """An :class:`~astraflow.trainer.source.InProcessBatchSource` producer: ``num_groups`` real
+    groups sampled from ``model`` on the arithmetic prompts of seed ``seed_offset + version``,
+    the way an in-process "rollout node" would make a step's batch."""
+
+    def producer(policy: str, num_groups: int, version: int) -> Batch:
+        groups = [
+            rollout_group(
+                model,
+                tokenizer,
+                q,
+                a,
+                policy=policy,
+                group_size=group_size,
+                version=version,
+                reward_fn=reward_fn,
+            )  # fmt: skip
+            for q, a in arith_prompts(num_groups, seed=seed_offset + version)
+        ]
+        return make_batch(groups, policy, version)
+
+    return producer

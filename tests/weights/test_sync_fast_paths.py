@@ -70,7 +70,7 @@ def test_one_step_delta_fetch_reads_the_target_meta_once(tmp_path):
     paths: list[str] = []
     try:
         with WeightClient(url, TOKEN) as client:
-            client._http.event_hooks["request"] = [lambda req: paths.append(req.url.path)]
+            client.backend._http.event_hooks["request"] = [lambda req: paths.append(req.url.path)]
             update = client.fetch_update("solver", have_version=1, want_version=2)
             assert update is not None and update.delta is not None
             assert paths == ["/weights/solver/2/meta", "/weights/solver/2/delta"]

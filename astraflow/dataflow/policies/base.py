@@ -7,8 +7,8 @@ Stages (see docs/architecture.md, "Dataflow service"):
   zero-variance filter);
 - ``batching``: what a trainer receives (ordering of ready groups, staleness bounds, weights).
 
-Policies see light views (ids, rewards, versions), never token arrays, so they stay cheap and easy to
-test on crafted streams. Every drop is returned as a reason string, which the service counts.
+Policies see light views (ids, rewards, versions), never token arrays, so they stay cheap and easy
+to test on crafted streams. Every drop is returned as a reason string, which the service counts.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-STAGES = ("selection", "ingestion", "batching")
+from astraflow.errors import AstraFlowError
 
 
-class PolicyConfigError(ValueError):
+class PolicyConfigError(AstraFlowError, ValueError):
     """A dataflow policy named in a recipe does not exist or got bad kwargs."""
 
 

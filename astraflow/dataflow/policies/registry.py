@@ -24,7 +24,7 @@ from astraflow.dataflow.policies.base import (
     TaskGate,
     TaskView,
 )
-from astraflow.dataflow.policies.replay import GroupReplay
+from astraflow.dataflow.policies.group_replay import GroupReplay
 from astraflow.dataflow.policies.selection import FifoOrder
 from astraflow.plugins import LoadedEntryPoint
 from astraflow.registry import Registry
@@ -34,9 +34,9 @@ POLICY_GROUP = "astraflow.policies"
 
 def builtin_policies() -> list[type[DataflowPolicy]]:
     """Entry point of the built-ins (registered in pyproject.toml like any plugin)."""
-    from astraflow.dataflow.policies.batching import StalenessBound
     from astraflow.dataflow.policies.curriculum import PassRateCurriculum
-    from astraflow.dataflow.policies.ingestion import ZeroVarianceFilter
+    from astraflow.dataflow.policies.group_filters import ZeroVarianceFilter
+    from astraflow.dataflow.policies.sample_filters import StalenessBound
     from astraflow.dataflow.policies.selection import (
         EarliestDeadlineFirst,
         FifoOrder,

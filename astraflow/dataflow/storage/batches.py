@@ -3,25 +3,46 @@ and ``summary``, ``served`` -> ``acked`` (with its ``step``) | ``skipped`` | ``r
 
 from __future__ import annotations
 
-from astraflow.dataflow.store import Tx
+from typing import NamedTuple
+
+from astraflow.dataflow.storage.store import Tx
 
 
-def oldest_served(tx: Tx, policy: str) -> tuple[str] | None:
-    """(id,) of ``policy``'s oldest served, unacknowledged batch."""
-    return tx.one(
+class AckTarget(NamedTuple):
+    """A batch as its acknowledgement reads it (:func:`for_ack`)."""
+
+    policy: str
+    state: str
+    summary: str
+    round: int | None
+    #: when the batch was first served (the trainer's step time runs from here to the ack)
+    created_at: float
+
+
+def oldest_served(tx: Tx, policy: str) -> str | None:
+    """The id of ``policy``'s oldest served, unacknowledged batch."""
+    return tx.scalar(
         "SELECT id FROM batches WHERE policy=? AND state='served' ORDER BY seq LIMIT 1",
         (policy,),
     )
+
+
+def times_served(tx: Tx, batch_id: str) -> int:
+    """How many times ``batch_id`` was served (1 when first served, +1 per redelivery)."""
+    return int(tx.scalar("SELECT served FROM batches WHERE id=?", (batch_id,), 0))
 
 
 def count_redelivery(tx: Tx, batch_id: str) -> None:
     tx.execute("UPDATE batches SET served = served + 1 WHERE id=?", (batch_id,))
 
 
-def round_acked(tx: Tx, policy: str, round_: int) -> tuple | None:
-    """A row when ``policy`` acknowledged its batch of lock-step round ``round_``."""
-    return tx.one(
-        "SELECT 1 FROM batches WHERE policy=? AND round=? AND state='acked'", (policy, round_)
+def round_acked(tx: Tx, policy: str, round_: int) -> bool:
+    """``policy`` acknowledged its batch of lock-step round ``round_``."""
+    return (
+        tx.one(
+            "SELECT 1 FROM batches WHERE policy=? AND round=? AND state='acked'", (policy, round_)
+        )
+        is not None
     )
 
 
@@ -41,9 +62,13 @@ def for_assembly(tx: Tx, batch_id: str) -> tuple[str, int, str, str]:
     )
 
 
-def for_ack(tx: Tx, batch_id: str) -> tuple[str, str, str, int | None] | None:
-    """(policy, state, summary, round) of a batch, or None for an unknown one."""
-    return tx.one("SELECT policy, state, summary, round FROM batches WHERE id=?", (batch_id,))
+def for_ack(tx: Tx, batch_id: str) -> AckTarget | None:
+    """None for an unknown batch."""
+    return tx.row(
+        AckTarget,
+        "SELECT policy, state, summary, round, created_at FROM batches WHERE id=?",
+        (batch_id,),
+    )
 
 
 def mark_skipped(tx: Tx, batch_id: str, now: float) -> None:
@@ -87,3 +112,18 @@ def unacked_counts(tx: Tx) -> list[tuple[str, int]]:
     return tx.execute(
         "SELECT policy, COUNT(*) FROM batches WHERE state='served' GROUP BY policy"
     ).fetchall()
+
+
+def busy_since(tx: Tx, policy: str, since: float) -> list[tuple[float, float | None]]:
+    """(served, acked or None) of ``policy``'s batches trained at any time after ``since``: the
+    intervals its trainer was busy (a served batch is being trained until its ack)."""
+    return tx.execute(
+        "SELECT created_at, acked_at FROM batches WHERE policy=? AND state IN ('served','acked') "
+        "AND (acked_at IS NULL OR acked_at > ?)",
+        (policy, since),
+    ).fetchall()
+
+
+def first_served(tx: Tx, policy: str) -> float | None:
+    """When ``policy``'s first batch was served (None before any)."""
+    return tx.scalar("SELECT MIN(created_at) FROM batches WHERE policy=?", (policy,))

@@ -3,7 +3,16 @@ every episode a node pushed; never deleted (so the largest rowid is their count)
 
 from __future__ import annotations
 
-from astraflow.dataflow.store import Tx
+from typing import NamedTuple
+
+from astraflow.dataflow.storage.store import Tx
+
+
+class EpisodeOutcome(NamedTuple):
+    """What a training episode left: the node's ``info`` and the ``rewards`` by role (JSON)."""
+
+    info: str
+    rewards: str
 
 
 def existing(tx: Tx, episode_ids: list[str]) -> set[str]:
@@ -32,6 +41,38 @@ def counts_by_node_since(tx: Tx, since: float) -> list[tuple[str, int]]:
     ).fetchall()
 
 
+class FailedEpisodes(NamedTuple):
+    """The episodes of one finish reason that carry an error."""
+
+    finish_reason: str
+    count: int
+    first_error: str
+    last_error: str
+
+
+def errors_by_reason(tx: Tx) -> list[FailedEpisodes]:
+    """Failed episodes by finish reason with the first and newest error; a partial index keeps
+    this off the table's successful rows."""
+    rows = tx.execute(
+        "SELECT finish_reason, COUNT(*), MIN(rowid), MAX(rowid) FROM episodes "
+        "WHERE error IS NOT NULL GROUP BY finish_reason"
+    ).fetchall()
+    out = []
+    for reason, n, first, last in rows:
+        texts = dict(
+            tx.execute(
+                "SELECT rowid, error FROM episodes WHERE rowid IN (?, ?)", (first, last)
+            ).fetchall()
+        )
+        out.append(FailedEpisodes(reason, n, texts.get(first, ""), texts.get(last, "")))
+    return out
+
+
 def count(tx: Tx) -> int:
     """Episodes ever pushed: the largest rowid, as none is deleted (no table scan)."""
     return tx.scalar("SELECT MAX(rowid) FROM episodes", (), 0)
+
+
+def training_outcomes(tx: Tx) -> list[EpisodeOutcome]:
+    """Every training episode's info and rewards (a whole-table read: after a run, not in one)."""
+    return tx.rows(EpisodeOutcome, "SELECT info, rewards FROM episodes WHERE is_eval = 0")

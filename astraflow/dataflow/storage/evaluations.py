@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from astraflow.dataflow.store import Tx
+from typing import NamedTuple
+
+from astraflow.dataflow.storage.store import Tx
+
+
+class EvalProgress(NamedTuple):
+    completed: int
+    num_tasks: int
+    finished_at: float | None
+
 
 #: Columns of an evaluation row, in this order (what :func:`get` and :func:`list_rows` return).
 COLUMNS = (
@@ -37,10 +46,11 @@ def add_episode(tx: Tx, eval_id: str, error: int, reward: float) -> None:
     )
 
 
-def progress(tx: Tx, eval_id: str) -> tuple[int, int, float | None] | None:
-    """(completed, num_tasks, finished_at)."""
-    return tx.one(
-        "SELECT completed, num_tasks, finished_at FROM evaluations WHERE id=?", (eval_id,)
+def progress(tx: Tx, eval_id: str) -> EvalProgress | None:
+    return tx.row(
+        EvalProgress,
+        "SELECT completed, num_tasks, finished_at FROM evaluations WHERE id=?",
+        (eval_id,),
     )
 
 

@@ -3,16 +3,33 @@ emitted; saved in the transaction that enqueued the tasks, so a restart continue
 
 from __future__ import annotations
 
-from astraflow.dataflow.store import Tx
+from typing import NamedTuple
+
+from astraflow.dataflow.storage.store import Tx
 
 
-def cursors(tx: Tx) -> list[tuple[str, int, int, int]]:
-    """(task_set, epoch, position, emitted) of every task set drawn from so far."""
-    return tx.execute("SELECT task_set, epoch, position, emitted FROM feeder").fetchall()
+class Cursor(NamedTuple):
+    """Where the feeder stands in one task set."""
+
+    epoch: int
+    #: position in the epoch's order
+    position: int
+    #: tasks emitted from the set so far, all epochs
+    emitted: int
 
 
-def save(tx: Tx, cursors: dict[str, list[int]]) -> None:
-    """Store each task set's ``[epoch, position, emitted]``."""
+def cursors(tx: Tx) -> dict[str, Cursor]:
+    """Task set -> its cursor, for every task set drawn from so far."""
+    return {
+        name: Cursor(epoch, pos, emitted)
+        for name, epoch, pos, emitted in tx.execute(
+            "SELECT task_set, epoch, position, emitted FROM feeder"
+        )
+    }
+
+
+def save(tx: Tx, cursors: dict[str, Cursor]) -> None:
+    """Store each task set's cursor."""
     tx.executemany(
         "INSERT INTO feeder(task_set, epoch, position, emitted) VALUES(?,?,?,?) "
         "ON CONFLICT(task_set) DO UPDATE SET epoch=excluded.epoch, "

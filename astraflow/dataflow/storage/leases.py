@@ -4,8 +4,48 @@
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
-from astraflow.dataflow.store import Tx
+from astraflow.dataflow.storage.store import Tx
+
+
+class LeaseRow(NamedTuple):
+    node_id: str
+    task_id: str
+    state: str
+
+
+class PushTarget(NamedTuple):
+    """A lease and its task as a push reads them (:func:`for_push`)."""
+
+    task_id: str
+    node_id: str
+    state: str
+    #: episodes pushed on this lease so far
+    episodes: int
+    task_state: str
+    winner: str | None
+    group_size: int
+    is_eval: int
+    eval_id: str | None
+    eval_policy: str | None
+    round: int | None
+    task_set: str
+    priority: float
+    deadline: float | None
+    #: when the lease was granted (admission control measures group time from it)
+    issued_at: float
+
+
+class LeaseTaskState(NamedTuple):
+    lease_state: str
+    task_state: str
+    winner: str | None
+
+
+class OverdueLease(NamedTuple):
+    id: str
+    task_id: str
 
 
 def insert(
@@ -25,37 +65,37 @@ def insert(
     )
 
 
-def get(tx: Tx, lease_id: str) -> tuple[str, str, str] | None:
-    """(node_id, task_id, state), or None for an unknown lease."""
-    return tx.one("SELECT node_id, task_id, state FROM leases WHERE id=?", (lease_id,))
+def get(tx: Tx, lease_id: str) -> LeaseRow | None:
+    """None for an unknown lease."""
+    return tx.row(LeaseRow, "SELECT node_id, task_id, state FROM leases WHERE id=?", (lease_id,))
 
 
-def for_push(tx: Tx, lease_id: str) -> tuple | None:
-    """(task_id, node_id, lease state, episodes pushed so far) of a lease followed by its task's
-    (state, winner, group_size, is_eval, eval_id, eval_policy, round, task_set, priority,
-    deadline); None for an unknown lease. One statement: every push runs it on the writer."""
-    return tx.one(
+def for_push(tx: Tx, lease_id: str) -> PushTarget | None:
+    """None for an unknown lease. One statement: every push runs it on the writer."""
+    return tx.row(
+        PushTarget,
         "SELECT l.task_id, l.node_id, l.state, l.episodes, t.state, t.winner, t.group_size, "
-        "t.is_eval, t.eval_id, t.eval_policy, t.round, t.task_set, t.priority, t.deadline "
-        "FROM leases l JOIN tasks t ON t.id = l.task_id WHERE l.id=?",
+        "t.is_eval, t.eval_id, t.eval_policy, t.round, t.task_set, t.priority, t.deadline, "
+        "l.issued_at FROM leases l JOIN tasks t ON t.id = l.task_id WHERE l.id=?",
         (lease_id,),
     )
 
 
-def with_task_state(tx: Tx, lease_id: str, node_id: str) -> tuple[str, str, str | None] | None:
-    """(lease state, task state, task winner) of a lease of ``node_id``."""
-    return tx.one(
+def with_task_state(tx: Tx, lease_id: str, node_id: str) -> LeaseTaskState | None:
+    """A lease of ``node_id`` and its task's state."""
+    return tx.row(
+        LeaseTaskState,
         "SELECT l.state, t.state, t.winner FROM leases l JOIN tasks t ON t.id = l.task_id "
         "WHERE l.id=? AND l.node_id=?",
         (lease_id, node_id),
     )
 
 
-def overdue(tx: Tx, now: float) -> list[tuple[str, str]]:
-    """(id, task_id) of active leases past their deadline."""
-    return tx.execute(
-        "SELECT id, task_id FROM leases WHERE state='active' AND deadline < ?", (now,)
-    ).fetchall()
+def overdue(tx: Tx, now: float) -> list[OverdueLease]:
+    """Active leases past their deadline."""
+    return tx.rows(
+        OverdueLease, "SELECT id, task_id FROM leases WHERE state='active' AND deadline < ?", (now,)
+    )
 
 
 def expire(tx: Tx, lease_ids: list[str]) -> None:

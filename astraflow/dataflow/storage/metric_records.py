@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from astraflow.dataflow.store import Tx
+from astraflow.dataflow.storage.store import Tx
 
 
 def insert(tx: Tx, body: str) -> int:

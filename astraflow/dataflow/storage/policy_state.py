@@ -3,7 +3,7 @@ the curriculum's pass rates; written in the transaction that changed it, read at
 
 from __future__ import annotations
 
-from astraflow.dataflow.store import Tx
+from astraflow.dataflow.storage.store import Tx
 
 
 def of_policy(tx: Tx, policy: str) -> list[tuple[str, str]]:

@@ -3,12 +3,21 @@ the first original (``origin``) and how many times that original was replayed (`
 
 from __future__ import annotations
 
-from astraflow.dataflow.store import Tx
+from typing import NamedTuple
+
+from astraflow.dataflow.storage.store import Tx
 
 
-def lineage(tx: Tx, group_id: str) -> tuple[str, int] | None:
-    """(origin, n) of a replay copy, or None for a group that is not one."""
-    return tx.one("SELECT origin, n FROM replays WHERE group_id=?", (group_id,))
+class Lineage(NamedTuple):
+    #: the first original the copy descends from
+    origin: str
+    #: how many times that original was replayed
+    n: int
+
+
+def lineage(tx: Tx, group_id: str) -> Lineage | None:
+    """None for a group that is not a replay copy."""
+    return tx.row(Lineage, "SELECT origin, n FROM replays WHERE group_id=?", (group_id,))
 
 
 def insert(tx: Tx, group_id: str, source: str, origin: str, n: int, now: float) -> None:

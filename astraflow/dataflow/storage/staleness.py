@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from astraflow.dataflow.store import Tx
+from astraflow.dataflow.storage.store import Tx
 
 
 def add(tx: Tx, rows: list[tuple[str, int, int]]) -> None:

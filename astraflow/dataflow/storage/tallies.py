@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from astraflow.dataflow.store import Tx
+from astraflow.dataflow.storage.store import Tx
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,49 @@
 
 from __future__ import annotations
 
-from astraflow.dataflow.store import Tx
+from typing import NamedTuple
 
-#: Columns of a lease candidate, in this order (see :func:`pending_training`).
-CANDIDATE_COLUMNS = "seq, id, body, task_set, priority, deadline, group_size"
+from astraflow.dataflow.policies import TaskView
+from astraflow.dataflow.storage.store import Tx
+
+
+class TaskCandidate(NamedTuple):
+    """A pending training task a lease may hand out (:func:`pending_training`)."""
+
+    seq: int
+    id: str
+    body: bytes
+    task_set: str
+    priority: float
+    deadline: float | None
+    group_size: int
+
+    def view(self) -> TaskView:
+        """The task as selection policies see it."""
+        return TaskView(self.id, self.task_set, self.seq, self.priority, self.deadline)
+
+
+class EvalCandidate(NamedTuple):
+    """A pending evaluation task (:func:`pending_evaluations`): leased to a node holding at
+    least ``min_version`` of ``eval_policy``."""
+
+    seq: int
+    id: str
+    body: bytes
+    eval_policy: str
+    min_version: int | None
+    priority: float
+
+
+class RoundProgress(NamedTuple):
+    #: training tasks of the round
+    total: int
+    #: how many of them are not done yet (None when there are none)
+    open: int | None
+
+
+#: Columns of a lease candidate, in :class:`TaskCandidate`'s order.
+CANDIDATE_COLUMNS = ", ".join(TaskCandidate._fields)
 
 
 def insert(tx: Tx, rows: list[tuple]) -> None:
@@ -43,41 +82,45 @@ def cancel_evaluation(tx: Tx, eval_id: str, now: float) -> None:
     )
 
 
-def pending_evaluations(tx: Tx, limit: int) -> list[tuple]:
-    """(seq, id, body, eval_policy, min_version, priority), highest priority first."""
-    return tx.execute(
+def pending_evaluations(tx: Tx, limit: int) -> list[EvalCandidate]:
+    """Pending evaluation tasks, highest priority first."""
+    return tx.rows(
+        EvalCandidate,
         "SELECT seq, id, body, eval_policy, min_version, priority FROM tasks "
         "WHERE state='pending' AND is_eval=1 ORDER BY priority DESC, seq LIMIT ?",
         (limit,),
-    ).fetchall()
+    )
 
 
 def pending_training_count(tx: Tx) -> int:
     return tx.scalar("SELECT COUNT(*) FROM tasks WHERE state='pending' AND is_eval=0", (), 0)
 
 
-def pending_training(tx: Tx, limit: int) -> list[tuple]:
-    """:data:`CANDIDATE_COLUMNS` of pending training tasks, oldest first."""
-    return tx.execute(
+def pending_training(tx: Tx, limit: int) -> list[TaskCandidate]:
+    """Pending training tasks, oldest first."""
+    return tx.rows(
+        TaskCandidate,
         f"SELECT {CANDIDATE_COLUMNS} FROM tasks WHERE state='pending' AND is_eval=0 "
         "ORDER BY seq LIMIT ?",
         (limit,),
-    ).fetchall()
+    )
 
 
-def pending_training_of_round(tx: Tx, round_: int) -> list[tuple]:
-    """:data:`CANDIDATE_COLUMNS` of lock-step round ``round_``'s pending tasks, oldest first."""
-    return tx.execute(
+def pending_training_of_round(tx: Tx, round_: int) -> list[TaskCandidate]:
+    """Lock-step round ``round_``'s pending tasks, oldest first."""
+    return tx.rows(
+        TaskCandidate,
         f"SELECT {CANDIDATE_COLUMNS} FROM tasks WHERE state='pending' AND is_eval=0 AND round=? "
         "ORDER BY seq",
         (round_,),
-    ).fetchall()
+    )
 
 
-def round_progress(tx: Tx, round_: int) -> tuple[int, int | None]:
-    """(tasks of the round, how many are not done yet; None when there are none)."""
-    return tx.one(
-        "SELECT COUNT(*), SUM(state != 'done') FROM tasks WHERE is_eval=0 AND round=?", (round_,)
+def round_progress(tx: Tx, round_: int) -> RoundProgress:
+    return tx.row(
+        RoundProgress,
+        "SELECT COUNT(*), SUM(state != 'done') FROM tasks WHERE is_eval=0 AND round=?",
+        (round_,),
     )
 
 

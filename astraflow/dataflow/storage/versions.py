@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from astraflow.dataflow.store import Tx
+from astraflow.dataflow.storage.store import Tx
 from astraflow.protocol import WeightVersion
 
 
@@ -25,6 +25,13 @@ def latest_weights(tx: Tx) -> dict[str, WeightVersion]:
 
 def weight_locations(tx: Tx) -> dict[str, str]:
     return {p: wv.location for p, wv in latest_weights(tx).items()}
+
+
+def weight_news(tx: Tx) -> tuple[dict[str, str], dict[str, str]]:
+    """Where the latest version of each policy is, and its digest (what lease replies and
+    heartbeats tell nodes: a node holding that version number with another digest reloads)."""
+    latest = latest_weights(tx)
+    return {p: wv.location for p, wv in latest.items()}, {p: wv.digest for p, wv in latest.items()}
 
 
 def digest(tx: Tx, policy: str, version: int) -> str | None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from astraflow.errors import AstraFlowError
+
 # New weights for an engine: a full state (name -> tensor) or a sparse delta from ``parent``
 # (``delta.apply_(tensors)`` in place, between generations). One class shared with the weights
 # component, so what a node fetches goes straight to ``engine.load_weights``.
@@ -19,7 +21,7 @@ from astraflow.weights.update import WeightUpdate
 __all__ = ["Engine", "EngineDeadError", "Generation", "SamplingParams", "WeightUpdate"]
 
 
-class EngineDeadError(RuntimeError):
+class EngineDeadError(AstraFlowError, RuntimeError):
     """The engine itself is gone (closed, its worker or server died): no request on it can succeed.
 
     Backends raise a subclass, so the rollout node tells a dead engine (stop taking work) from a

@@ -8,16 +8,16 @@ extra fields are the OpenAI engine's business (it falls back); this module only 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from astraflow.errors import AstraFlowError
 from astraflow.rollout.engines.base import SamplingParams
 
 
-class CompletionsAPIError(RuntimeError):
+class CompletionsAPIError(AstraFlowError, RuntimeError):
     """The server answered with an error or with a body this client cannot use."""
 
     def __init__(self, message: str, status_code: int | None = None):
@@ -84,6 +84,21 @@ async def post_json(
         ) from exc
 
 
+async def post_text(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> str:
+    """POST ``body`` to a route that answers plain text (vLLM's adapter routes); return it or
+    raise :class:`CompletionsAPIError` with the server's answer."""
+    try:
+        response = await client.post(path, json=body)
+    except httpx.HTTPError as exc:
+        raise CompletionsAPIError(f"POST {client.base_url}{path} failed: {exc!r}") from exc
+    if response.status_code >= 400:
+        raise CompletionsAPIError(
+            f"POST {client.base_url}{path} answered {response.status_code}: {response.text[:500]}",
+            status_code=response.status_code,
+        )
+    return response.text
+
+
 def parse_choices(payload: dict[str, Any], n: int) -> list[Choice]:
     """The ``n`` choices of a completions answer, in index order."""
     choices = payload.get("choices")
@@ -131,7 +146,3 @@ def finish_reason_of(choice: Choice) -> str:
     if choice.finish_reason in ("stop", "eos", "stop_sequence"):
         return "stop"
     raise CompletionsAPIError(f"the server ended a completion with {choice.finish_reason!r}")
-
-
-def is_finite(values: list[float]) -> bool:
-    return all(math.isfinite(v) for v in values)

@@ -9,6 +9,12 @@ trimmed). So many episodes share every forward pass without waiting for the slow
 Conventions: ``mask`` covers exactly the positions held in the KV cache (1 = real token, 0 = left
 padding); ``next_input`` is the token each row feeds at the next step and ``next_pos`` its position
 id (number of real tokens before it), so rotary positions match an unpadded run of the same text.
+
+LoRA adapters: on a ``peft`` model serving several adapters of one base, each row names its
+adapter (``SequenceRow.adapter``) and every forward passes the rows' names as peft's
+``adapter_names``, so rows of different adapters share each forward pass of the base (peft's
+mixed-adapter batch: the base matmuls run once for all rows, each adapter's low-rank product on
+its own rows).
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ class SequenceRow:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     matched_stop: str | int | None = None
+    #: peft adapter this row runs with (``"__base__"``: the bare base); None on a plain model
+    adapter: str | None = None
 
 
 class CausalLMRunner:
@@ -47,18 +55,26 @@ class CausalLMRunner:
 
         self.model = model
         self._cache_cls = DynamicCache
-        params = inspect.signature(model.forward).parameters
+        # a peft model forwards **kwargs to the model it wraps: read that model's signature
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        params = inspect.signature(base.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._supports_logits_to_keep = "logits_to_keep" in params
+        #: the model serves LoRA adapters: every forward names each row's adapter
+        self.adapters = base is not model
 
     def new_cache(self):
         return self._cache_cls(config=self.model.config)
 
-    def forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
+    def forward(
+        self, input_ids, attention_mask, position_ids, cache, adapter_names=None
+    ) -> torch.Tensor:
         """Run the model; return the logits of the last position of every row ([B, V])."""
         kwargs = {self._cache_kw: cache, "use_cache": True}
         if self._supports_logits_to_keep:
             kwargs["logits_to_keep"] = 1
+        if self.adapters:
+            kwargs["adapter_names"] = adapter_names
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
         )
@@ -106,10 +122,15 @@ class DecodeState:
         Each distinct prompt runs once: a GRPO group sends the same prompt ``group_size`` times,
         and identical prompts have identical KV caches and logits, so their rows are copied
         from one forward pass (a copy per row, because rows diverge from the first sampled token).
+        A prompt is distinct per adapter: the same tokens under two adapters are two caches.
         """
-        first_row: dict[tuple[int, ...], int] = {}
-        source = [first_row.setdefault(tuple(p), len(first_row)) for p in prompts]
-        distinct = [list(p) for p in first_row]
+        first_row: dict[tuple[str | None, tuple[int, ...]], int] = {}
+        source = [
+            first_row.setdefault((row.adapter, tuple(p)), len(first_row))
+            for p, row in zip(prompts, rows, strict=True)
+        ]
+        distinct = [list(p) for _, p in first_row]
+        adapter_names = [a for a, _ in first_row] if runner.adapters else None
         width = max(len(p) for p in distinct)
         ids = torch.full((len(distinct), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(distinct), width), dtype=torch.long)
@@ -119,7 +140,7 @@ class DecodeState:
         ids, mask = ids.to(device), mask.to(device)
         position_ids = (mask.cumsum(-1) - 1).clamp_(min=0)
         cache = runner.new_cache()
-        logits = runner.forward(ids, mask, position_ids, cache)
+        logits = runner.forward(ids, mask, position_ids, cache, adapter_names)
         if len(distinct) < len(prompts):
             index = torch.tensor(source, dtype=torch.long, device=device)
             logits = logits.index_select(0, index)
@@ -152,7 +173,10 @@ class DecodeState:
         """Feed ``next_input`` to the model; return the next-token logits ([B, V])."""
         ones = torch.ones((len(self.rows), 1), dtype=self.mask.dtype, device=self.mask.device)
         mask = torch.cat([self.mask, ones], dim=1)
-        logits = runner.forward(self.next_input[:, None], mask, self.next_pos[:, None], self.cache)
+        adapter_names = [row.adapter for row in self.rows] if runner.adapters else None
+        logits = runner.forward(
+            self.next_input[:, None], mask, self.next_pos[:, None], self.cache, adapter_names
+        )
         self.mask = mask
         self.next_pos = self.next_pos + 1
         return logits

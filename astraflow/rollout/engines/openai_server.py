@@ -17,26 +17,39 @@ episode's own key to that episode's engines and a :class:`CallRecorder`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from astraflow.errors import AstraFlowError
+from astraflow.protocol.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
+from astraflow.protocol.prometheus import ServiceMetrics, Stopwatch, exposition
 from astraflow.rollout.engines.base import Engine, Generation, SamplingParams
+from astraflow.rollout.engines.openai_tools import (
+    MessageToolCall,
+    ToolChoice,
+    ToolSpec,
+    plan_tools,
+    read_reply,
+    refuse_unsupported,
+    tool_call_deltas,
+)
+from astraflow.tools.chat import render_chat
+from astraflow.tools.parsers import ToolParser, get_tool_parser, turn_text
 
 
 class _Body(BaseModel):
-    # Clients send many OpenAI fields we do not use (user, presence_penalty=0, ...): accept them.
-    model_config = ConfigDict(extra="ignore")
+    # Clients send many OpenAI fields that change nothing here (user, metadata, store, ...):
+    # accept them; the ones that would change the reply are refused (``refuse_unsupported``).
+    model_config = ConfigDict(extra="allow")
 
     model: str
     n: int = Field(1, ge=1, le=256)
@@ -58,9 +71,43 @@ class CompletionRequest(_Body):
 
 
 class ChatMessage(BaseModel):
+    """One message; ``content`` may be null on an assistant message that carries ``tool_calls``,
+    a list of text parts is joined, and a ``tool`` message answers a call by ``tool_call_id``."""
+
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, content: Any) -> Any:
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                kinds = sorted({str(p.get("type")) for p in content if isinstance(p, dict)})
+                raise ValueError(f"only text content parts are supported, got {kinds}")
+            return "".join(str(p.get("text", "")) for p in content)
+        return content
+
+    @model_validator(mode="after")
+    def _complete(self) -> ChatMessage:
+        if self.role == "developer":  # OpenAI's newer name for the system role
+            self.role = "system"
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(
+                f"a {self.role} message needs content (null only on an assistant message "
+                "with tool_calls)"
+            )
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"only assistant messages carry tool_calls, not {self.role}")
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
 
 
 class ChatRequest(_Body):
@@ -68,6 +115,9 @@ class ChatRequest(_Body):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
+    tools: list[ToolSpec] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CallRecorder(Protocol):
@@ -75,11 +125,19 @@ class CallRecorder(Protocol):
 
     ``chat_prompt``/``completion_prompt`` may replace the prompt ids the server would render (to
     reuse the exact ids of the conversation so far instead of re-tokenizing its text) and raise
-    :class:`CallRejected` for a call that cannot be recorded; ``record`` gets each call's ids."""
+    :class:`CallRejected` for a call that cannot be recorded; ``room`` bounds how many tokens a
+    call may generate (0: the conversation is full, the reply ends with ``length`` at once);
+    ``record`` gets each call's ids and, for chat, the reply message as returned."""
 
     def chat_prompt(
-        self, model: str, messages: list[dict[str, str]], rendered: list[int]
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        rendered: list[int],
+        tools: list[dict[str, Any]] | None,
     ) -> list[int]: ...
+
+    def room(self, model: str, prompt_ids: list[int]) -> int | None: ...
 
     def completion_prompt(
         self, model: str, prompt: str | list[int], encoded: list[int]
@@ -91,11 +149,13 @@ class CallRecorder(Protocol):
         prompt_ids: list[int],
         gen: Generation,
         text: str,
-        messages: list[dict[str, str]] | None,
+        messages: list[dict[str, Any]] | None,
+        reply: dict[str, Any] | None = None,
+        turn: Any = None,
     ) -> None: ...
 
 
-class CallRejected(ValueError):
+class CallRejected(AstraFlowError, ValueError):
     """A call the recorder cannot turn into training data; answered 400 with this message."""
 
 
@@ -109,6 +169,8 @@ class Route:
     #: values that win over the request's (an evaluation's greedy decoding, a token budget)
     overrides: dict[str, Any] = field(default_factory=dict)
     recorder: CallRecorder | None = None
+    #: how the served policy writes tool calls (a registered parser name, or "auto")
+    tool_parser: str = "auto"
 
 
 class Router(Protocol):
@@ -129,13 +191,15 @@ class StaticRouter:
         engines: Mapping[str, Engine],
         api_key: str,
         defaults: Mapping[str, SamplingParams] | None = None,
+        tool_parser: str = "auto",
     ):
         if not api_key:
             raise ValueError("api_key is required: every route but /healthz needs a bearer token")
         if not engines:
             raise ValueError("at least one model must be served")
         self._routes = {
-            name: Route(engine, (defaults or {}).get(name)) for name, engine in engines.items()
+            name: Route(engine, (defaults or {}).get(name), tool_parser=tool_parser)
+            for name, engine in engines.items()
         }
         self._key = api_key
 
@@ -209,13 +273,14 @@ def create_app(
     *,
     router: Router | None = None,
     title: str | None = None,
+    tool_parser: str = "auto",
 ) -> FastAPI:
     """A FastAPI app serving ``engine`` under ``model_name`` behind ``api_key``, or whatever
     ``router`` resolves; ``endpoints`` picks the generation routes."""
     if router is None:
         if engine is None or not model_name:
             raise ValueError("give an engine and its model_name, or a router")
-        router = StaticRouter({model_name: engine}, api_key or "")
+        router = StaticRouter({model_name: engine}, api_key or "", tool_parser=tool_parser)
     unknown = set(endpoints) - {"completions", "chat"}
     if unknown:
         raise ValueError(f"unknown endpoints {sorted(unknown)}; expected 'completions' or 'chat'")
@@ -239,11 +304,25 @@ def create_app(
                 404, f"model {name!r} is not served here; this server has {served}"
             ) from None
 
+    metrics = ServiceMetrics()
+    generate_s = metrics.histogram(
+        "astraflow_generate_seconds", "Seconds per generation request", ("model",)
+    )
+    tokens = metrics.counter("astraflow_generated_tokens", "Tokens generated", ("model",))
+
     async def run(route: Route, prompt_ids: list[int], params: SamplingParams) -> list[Generation]:
+        name = model_name or "router"
         try:
-            return await route.engine.generate(prompt_ids, params)
+            with Stopwatch(generate_s.labels(name)):
+                out = await route.engine.generate(prompt_ids, params)
         except (ValueError, TypeError) as exc:
             raise HTTPException(400, str(exc)) from exc
+        tokens.labels(name).inc(sum(len(g.token_ids) for g in out))
+        return out
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics(caller: Any = Depends(authorize)) -> Response:
+        return Response(exposition(metrics.registry), media_type=PROMETHEUS_CONTENT_TYPE)
 
     def check_recordable(route: Route, body: _Body) -> None:
         if route.recorder is not None and body.n != 1:
@@ -258,6 +337,29 @@ def create_app(
             return call(*args)
         except CallRejected as exc:
             raise HTTPException(400, str(exc)) from exc
+
+    parsers: dict[tuple[str, int], ToolParser] = {}
+
+    def parser_of(route: Route) -> ToolParser:
+        key = (route.tool_parser, id(route.engine.tokenizer))
+        if key not in parsers:
+            parsers[key] = get_tool_parser(route.tool_parser, route.engine.tokenizer)
+        return parsers[key]
+
+    def within_room(route: Route, model: str, prompt_ids: list[int], params: SamplingParams):
+        """``params`` capped to the recorder's room; None when the conversation is full."""
+        room = route.recorder.room(model, prompt_ids) if route.recorder is not None else None
+        if room is None:
+            return params
+        if room <= 0:
+            return None
+        return replace(params, max_tokens=min(params.max_tokens, room))
+
+    async def generate(route: Route, model: str, prompt_ids: list[int], params: SamplingParams):
+        capped = within_room(route, model, prompt_ids, params)
+        if capped is None:  # nothing may be generated: an empty reply that ends with length
+            return [Generation([], [], "length", route.engine.version, {"context_full": True})]
+        return await run(route, prompt_ids, capped)
 
     @app.get("/healthz")
     @app.get("/health")
@@ -278,6 +380,7 @@ def create_app(
 
         @app.post("/v1/completions")
         async def completions(body: CompletionRequest, caller: Any = Depends(authorize)):
+            refuse_unsupported(body)
             route = resolve(caller, body.model)
             check_recordable(route, body)
             tokenizer = route.engine.tokenizer
@@ -291,11 +394,12 @@ def create_app(
                 )
             given_max = "max_tokens" in body.model_fields_set or route.defaults is None
             params = _params(body, route, body.max_tokens if given_max else None)
-            gens = await run(route, prompt_ids, params)
+            gens = await generate(route, body.model, prompt_ids, params)
             texts = [_text(tokenizer, gen, params.stop) for gen in gens]
             if route.recorder is not None:
                 for gen, text in zip(gens, texts, strict=True):
-                    recorded(route.recorder.record, body.model, prompt_ids, gen, text, None)
+                    if not gen.meta.get("context_full"):
+                        recorded(route.recorder.record, body.model, prompt_ids, gen, text, None)
             choices = []
             for i, (gen, text) in enumerate(zip(gens, texts, strict=True)):
                 choice: dict[str, Any] = {
@@ -330,37 +434,50 @@ def create_app(
 
         @app.post("/v1/chat/completions")
         async def chat(body: ChatRequest, caller: Any = Depends(authorize)):
+            refuse_unsupported(body)
             route = resolve(caller, body.model)
             check_recordable(route, body)
             tokenizer = route.engine.tokenizer
-            messages = [m.model_dump() for m in body.messages]
+            messages = [m.as_dict() for m in body.messages]
+            plan = plan_tools(
+                body.tools, body.tool_choice, body.parallel_tool_calls, parser_of(route)
+            )
             try:
-                prompt_ids = tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, tokenize=True
+                text = render_chat(
+                    tokenizer, messages, tools=plan.tools, add_generation_prompt=True
                 )
             except Exception as exc:  # noqa: BLE001 - template errors are the client's
                 raise HTTPException(
                     400, f"cannot render messages with the chat template: {exc}"
                 ) from exc
-            if hasattr(prompt_ids, "keys"):
-                prompt_ids = prompt_ids["input_ids"]
-            prompt_ids = list(prompt_ids)
+            prompt_ids = tokenizer.encode(text, add_special_tokens=False)
             if route.recorder is not None:
-                prompt_ids = recorded(route.recorder.chat_prompt, body.model, messages, prompt_ids)
+                prompt_ids = recorded(
+                    route.recorder.chat_prompt, body.model, messages, prompt_ids, plan.tools
+                )
+            if plan.prefill:  # a forced tool_choice: the call's opening is given, not generated
+                prompt_ids = prompt_ids + tokenizer.encode(plan.prefill, add_special_tokens=False)
             params = _params(body, route, body.max_completion_tokens or body.max_tokens)
             if route.defaults is None and not (body.max_completion_tokens or body.max_tokens):
                 params = replace(params, max_tokens=256)
-            gens = await run(route, prompt_ids, params)
-            texts = [_text(tokenizer, gen, params.stop) for gen in gens]
-            if route.recorder is not None:
-                for gen, text in zip(gens, texts, strict=True):
-                    recorded(route.recorder.record, body.model, prompt_ids, gen, text, messages)
+            gens = await generate(route, body.model, prompt_ids, params)
             choices = []
-            for i, (gen, text) in enumerate(zip(gens, texts, strict=True)):
+            for i, gen in enumerate(gens):
+                if plan.active:
+                    text = plan.prefill + turn_text(tokenizer, gen.token_ids, plan.parser)
+                else:
+                    text = _text(tokenizer, gen, params.stop)
+                message, turn = read_reply(plan, text)
+                finish = "tool_calls" if message.get("tool_calls") else gen.finish_reason
+                if route.recorder is not None and not gen.meta.get("context_full"):
+                    recorded(
+                        route.recorder.record, body.model, prompt_ids, gen, text, messages,
+                        message, turn,
+                    )  # fmt: skip
                 choice: dict[str, Any] = {
                     "index": i,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": gen.finish_reason,
+                    "message": message,
+                    "finish_reason": finish,
                     "logprobs": None,
                 }
                 if body.logprobs:
@@ -377,7 +494,7 @@ def create_app(
             envelope = _envelope("chat.completion", body.model, choices, prompt_ids, gens)
             if not body.stream:
                 return envelope
-            return _sse(_chat_chunks(tokenizer, body, envelope, gens, texts))
+            return _sse(_chat_chunks(tokenizer, body, envelope, gens))
 
     return app
 
@@ -435,18 +552,32 @@ def _usage_chunk(body: _Body, envelope: dict[str, Any], kind: str) -> list[dict[
 
 
 def _chat_chunks(
-    tokenizer: Any, body: ChatRequest, envelope: dict, gens: list[Generation], texts: list[str]
+    tokenizer: Any, body: ChatRequest, envelope: dict, gens: list[Generation]
 ) -> list[dict[str, Any]]:
-    """``chat.completion.chunk`` events: the role, the content token by token, the finish reason."""
+    """``chat.completion.chunk`` events: the role, the content token by token (or at once next
+    to tool calls), the calls as ``delta.tool_calls``, the finish reason."""
     kind = "chat.completion.chunk"
     out = []
-    for i, (gen, text) in enumerate(zip(gens, texts, strict=True)):
+    for choice, gen in zip(envelope["choices"], gens, strict=True):
+        i, message = choice["index"], choice["message"]
         first = {"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
         out.append({**_chunk_base(envelope, kind), "choices": [first]})
-        for piece in _pieces(tokenizer, gen, text):
+        text = message.get("content") or ""
+        if message.get("tool_calls") or "reasoning_content" in message:
+            pieces = [text] if text else []
+        else:
+            pieces = _pieces(tokenizer, gen, text)
+        if message.get("reasoning_content"):
+            delta = {"index": i, "delta": {"reasoning_content": message["reasoning_content"]}}
+            out.append(
+                {**_chunk_base(envelope, kind), "choices": [{**delta, "finish_reason": None}]}
+            )
+        for piece in pieces:
             delta = {"index": i, "delta": {"content": piece}, "finish_reason": None}
             out.append({**_chunk_base(envelope, kind), "choices": [delta]})
-        last = {"index": i, "delta": {}, "finish_reason": gen.finish_reason}
+        for delta in tool_call_deltas(i, message):
+            out.append({**_chunk_base(envelope, kind), "choices": [delta]})
+        last = {"index": i, "delta": {}, "finish_reason": choice["finish_reason"]}
         out.append({**_chunk_base(envelope, kind), "choices": [last]})
     return out + _usage_chunk(body, envelope, kind)
 
@@ -487,89 +618,3 @@ def _envelope(
         },
         "system_fingerprint": f"astraflow-v{gens[0].version}" if gens else None,
     }
-
-
-class LoopServer:
-    """Run an ASGI app with uvicorn as a task of the CURRENT event loop.
-
-    Why: the rollout node's engines are driven from its event loop; an endpoint that shares them
-    must serve on that same loop (a second thread with its own loop would call an engine from a
-    loop it was not made for). ``await start()`` returns once the socket listens; ``await stop()``.
-    """
-
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0):
-        import uvicorn
-
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
-        # uvicorn installs signal handlers in serve(); the node owns SIGTERM/SIGINT
-        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-        self._task: asyncio.Task | None = None
-        self.host = host
-        self.base_url: str | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-
-    async def start(self, timeout: float = 30.0) -> LoopServer:
-        self.loop = asyncio.get_running_loop()
-        self._task = asyncio.create_task(self._server.serve(), name="openai-endpoint")
-        deadline = time.monotonic() + timeout
-        while not self._server.started:  # startup only: uvicorn offers no event to await
-            if self._task.done() or time.monotonic() > deadline:
-                if self._task.done() and self._task.exception() is not None:
-                    raise RuntimeError("the OpenAI-compatible endpoint did not start") from (
-                        self._task.exception()
-                    )
-                raise RuntimeError("the OpenAI-compatible endpoint did not start")
-            await asyncio.sleep(0.01)
-        port = self._server.servers[0].sockets[0].getsockname()[1]
-        self.base_url = f"http://{self.host}:{port}"
-        return self
-
-    async def stop(self) -> None:
-        if self._task is None:
-            return
-        self._server.should_exit = True
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), timeout=10)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
-            self._task.cancel()
-        self._task = None
-
-
-class BackgroundServer:
-    """Run an ASGI app with uvicorn in a daemon thread (tests, notebooks); ``stop()`` ends it.
-
-    ``port=0`` picks a free port; ``base_url`` is set once the server listens.
-    """
-
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0):
-        import uvicorn
-
-        self._config = uvicorn.Config(
-            app, host=host, port=port, log_level="warning", lifespan="off"
-        )
-        self._server = uvicorn.Server(self._config)
-        self._thread = threading.Thread(target=self._server.run, name="openai-server", daemon=True)
-        self.host = host
-        self.base_url: str | None = None
-
-    def start(self, timeout: float = 30.0) -> BackgroundServer:
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the OpenAI-compatible server did not start")
-            time.sleep(0.02)
-        port = self._server.servers[0].sockets[0].getsockname()[1]
-        self.base_url = f"http://{self.host}:{port}"
-        return self
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-
-    def __enter__(self) -> BackgroundServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

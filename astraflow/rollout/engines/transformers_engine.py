@@ -9,6 +9,12 @@ loop never runs torch code, so it stays responsive while the model works.
 Weight updates are queued too. While one is pending the worker admits nothing new, lets the running
 rows finish, then writes the weights in place; so a completion never mixes two versions, and each
 :class:`Generation` carries the version that was loaded when it was admitted.
+
+LoRA adapters (``adapters=``): the engine loads the base once, wraps it in ``peft`` with one adapter
+per adapter policy, and serves each through :class:`~.adapters.AdapterEngine` (``generate(...,
+adapter=POLICY)``). Rows of every adapter (and of the bare base) decode in the same batch; each
+adapter has its own version, and an update of one adapter waits only for that adapter's running
+rows (the others keep decoding and being admitted), then writes the adapter's tensors in place.
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from astraflow.models.lora import BASE_ADAPTER, AdapterSpec, peft_lora_config
 from astraflow.rollout.engines.base import (
     EngineDeadError,
     Generation,
@@ -52,6 +60,8 @@ class _Request:
     results: list[Generation | None] = field(default_factory=list)
     version: int = 0
     pending_rows: int = 0
+    #: the adapter policy it runs with (None: the model itself, or the bare base of adapters)
+    adapter: str | None = None
 
     def cancelled(self) -> bool:
         return self.future.cancelled()
@@ -63,6 +73,19 @@ class _Update:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     queued_at: float = field(default_factory=time.perf_counter)
+    #: the adapter policy it updates (None: the whole model)
+    adapter: str | None = None
+
+
+@dataclass
+class _AdapterSlot:
+    """One adapter policy served by the engine: its peft name, live tensors and version."""
+
+    name: str
+    state: dict[str, torch.Tensor]
+    version: int = 0
+    #: digest of ``state`` as the last verified delta left it; None when unknown
+    digest: str | None = None
 
 
 def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result=None, error=None):
@@ -127,6 +150,9 @@ class TransformersEngine:
         num_threads: torch intra-op threads for this process (``torch.set_num_threads``).
         seed: seeds the shared sampler, so a run is reproducible when requests arrive in order.
         version: the version number of the weights in ``model`` (0 = the initial checkpoint).
+        adapters: LoRA adapter policies of ``model`` (:class:`~astraflow.models.lora.
+            AdapterSpec`) served beside the base; ``model`` is then frozen and each adapter
+            starts at version 0 with :func:`~astraflow.models.lora.init_adapter_`'s weights.
     """
 
     def __init__(
@@ -139,6 +165,7 @@ class TransformersEngine:
         seed: int | None = None,
         version: int = 0,
         attn_implementation: str | None = "sdpa",
+        adapters: Sequence[AdapterSpec] = (),
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -159,6 +186,10 @@ class TransformersEngine:
         if attn_implementation:
             load_kwargs["attn_implementation"] = attn_implementation
         self.model = AutoModelForCausalLM.from_pretrained(str(path), **load_kwargs)
+        #: adapter policy -> its slot (empty: a plain engine)
+        self._adapters: dict[str, _AdapterSlot] = {}
+        if adapters:
+            self.model = self._wrap_adapters(self.model, adapters)
         self.model.to(self.device).eval()
         self.model_path = path
         self.max_batch_size = max_batch_size
@@ -196,14 +227,64 @@ class TransformersEngine:
         )
         self._worker.start()
 
+    def _wrap_adapters(self, model: Any, adapters: Sequence[AdapterSpec]) -> Any:
+        """``model`` in ``peft`` with one adapter per spec, each at its version-0 weights."""
+        import peft
+
+        from astraflow.models.lora import adapter_state, engine_adapter_name, init_adapter_
+
+        names = [spec.policy for spec in adapters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"adapter policies must be distinct, got {names}")
+        for param in model.parameters():
+            param.requires_grad_(False)
+        first, *rest = adapters
+        wrapped = peft.get_peft_model(
+            model, peft_lora_config(first.lora), adapter_name=engine_adapter_name(first.policy)
+        )
+        for spec in rest:
+            wrapped.add_adapter(engine_adapter_name(spec.policy), peft_lora_config(spec.lora))
+        for spec in adapters:
+            name = engine_adapter_name(spec.policy)
+            state = adapter_state(wrapped, name)
+            init_adapter_(state, spec.seed)
+            self._adapters[spec.policy] = _AdapterSlot(name, state)
+        return wrapped
+
+    @property
+    def adapter_policies(self) -> list[str]:
+        """The adapter policies this engine serves (empty for a plain engine)."""
+        return list(self._adapters)
+
+    def adapter_version(self, policy: str) -> int:
+        return self._slot(policy).version
+
+    def adapter_state(self, policy: str) -> dict[str, torch.Tensor]:
+        """The live tensors of ``policy``'s adapter (keys as in its weight versions)."""
+        return self._slot(policy).state
+
+    def _slot(self, policy: str) -> _AdapterSlot:
+        slot = self._adapters.get(policy)
+        if slot is None:
+            raise ValueError(
+                f"this engine serves no adapter {policy!r}; it serves "
+                f"{', '.join(self._adapters) or 'no adapters'}"
+            )
+        return slot
+
     # -- public API ---------------------------------------------------------------------------
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Generation]:
-        """``params.n`` completions of ``prompt_ids``, batched with every other request in flight."""
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, adapter: str | None = None
+    ) -> list[Generation]:
+        """``params.n`` completions of ``prompt_ids``, batched with every other request in flight;
+        with ``adapter``, by that adapter policy (None on an adapter engine: the bare base)."""
         prompt = self._validate_prompt(prompt_ids)
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if adapter is not None:
+            self._slot(adapter)
         loop = asyncio.get_running_loop()
-        request = _Request(prompt, params, loop, loop.create_future())
+        request = _Request(prompt, params, loop, loop.create_future(), adapter=adapter)
         with self._cond:
             if self._closed:
                 raise EngineClosedError("the engine is closed")
@@ -217,10 +298,19 @@ class TransformersEngine:
         with self._cond:
             self._cond.notify()
 
-    async def load_weights(self, update: WeightUpdate) -> None:
-        """Install ``update`` once the running generations finish; new ones carry its version."""
+    async def load_weights(self, update: WeightUpdate, adapter: str | None = None) -> None:
+        """Install ``update`` once the running generations finish; new ones carry its version.
+        With ``adapter``: the update is that adapter policy's state, and only its own running
+        generations are waited for."""
+        if adapter is not None:
+            self._slot(adapter)
+        elif self._adapters:
+            raise ValueError(
+                "this engine serves LoRA adapters of a frozen base: an update names its adapter "
+                f"(one of {', '.join(self._adapters)})"
+            )
         loop = asyncio.get_running_loop()
-        item = _Update(update, loop, loop.create_future())
+        item = _Update(update, loop, loop.create_future(), adapter=adapter)
         with self._cond:
             if self._closed:
                 raise EngineClosedError("the engine is closed")
@@ -288,40 +378,66 @@ class TransformersEngine:
         self._fail_everything(EngineClosedError("the engine was closed"))
 
     def _next_work(self) -> tuple[list[_Request] | None, _Update | None]:
-        """Block until there is something to do; return requests to admit and/or an update."""
-        running = len(self._running) if self._running is not None else 0
+        """Block until there is something to do; return requests to admit and/or an update.
+
+        An update applies once no running row uses what it changes (the whole model: no running
+        row; an adapter: none of that adapter's); until then requests for it are not admitted
+        (the rows drain), while requests of other adapters are."""
+        rows = self._running.rows if self._running is not None else []
+        running = len(rows)
         with self._cond:
             while True:
                 if self._closed:
                     return None, None
+                blocked: set[str | None] = set()
                 if self._updates:
-                    if running == 0:
-                        return [], self._updates.popleft()
-                    return [], None  # drain: finish running rows before the update
+                    busy = {row.owner.adapter for row in rows}
+                    for i, item in enumerate(self._updates):
+                        target = item.adapter
+                        free = running == 0 if target is None else target not in busy
+                        if free and target not in blocked:
+                            del self._updates[i]
+                            return [], item
+                        blocked.add(target)
+                    if None in blocked:
+                        return [], None  # drain: finish running rows before the update
                 can_admit = running == 0 or (self._can_join and running < self.max_batch_size)
                 if self._waiting and can_admit:
-                    return self._take_waiting(running), None
-                if running:
+                    taken = self._take_waiting(running, blocked)
+                    if taken or running:
+                        return taken, None
+                elif running:
                     return [], None
                 self._cond.wait()
 
-    def _take_waiting(self, running: int) -> list[_Request]:
+    def _take_waiting(self, running: int, blocked: set[str | None]) -> list[_Request]:
+        """The oldest waiting requests that fit the batch, passing over those whose adapter has
+        an update pending (they wait, in their place, for the update)."""
         taken: list[_Request] = []
+        held: list[tuple[float, int, _Request]] = []
         rows = running
         while self._waiting:
             request = self._waiting[0][2]
             if request.cancelled():
                 heapq.heappop(self._waiting)
                 continue
+            if request.adapter in blocked:
+                held.append(heapq.heappop(self._waiting))
+                continue
             n = request.params.n
             if rows + n > self.max_batch_size and rows > 0:
                 break
             taken.append(heapq.heappop(self._waiting)[2])
             rows += n
+        for item in held:
+            heapq.heappush(self._waiting, item)
         return taken
 
     def _apply_update(self, item: _Update) -> None:
         started = time.perf_counter()
+        if item.adapter is not None:
+            self._apply_adapter_update(item)
+            return
         try:
             check_update(item.update, self.version)
             digest, self._state_digest = self._state_digest, None  # unknown until it succeeds
@@ -338,15 +454,32 @@ class TransformersEngine:
         )
         _resolve(item.loop, item.future, None)
 
+    def _apply_adapter_update(self, item: _Update) -> None:
+        """Write an adapter policy's version into its tensors (the base is never touched)."""
+        slot = self._adapters[item.adapter]  # type: ignore[index]
+        try:
+            check_update(item.update, slot.version)
+            digest, slot.digest = slot.digest, None  # unknown until it succeeds
+            slot.digest = apply_update_(slot.state, item.update, digest)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller of load_weights
+            _resolve(item.loop, item.future, error=exc)
+            return
+        slot.version = item.update.version
+        log.debug("adapter %s: v%d", item.adapter, slot.version)
+        _resolve(item.loop, item.future, None)
+
     def _admit(self, requests: list[_Request]) -> None:
         prompts: list[list[int]] = []
         rows: list[SequenceRow] = []
         temperature: list[float] = []
         top_p: list[float] = []
         generators: list[torch.Generator | None] = []
+        base = BASE_ADAPTER if self._adapters else None
         for request in requests:
             params = request.params
-            request.version = self.version
+            slot = self._adapters.get(request.adapter) if request.adapter is not None else None
+            request.version = slot.version if slot is not None else self.version
+            adapter = slot.name if slot is not None else base
             request.results = [None] * params.n
             request.pending_rows = params.n
             stop_ids = frozenset(params.stop_token_ids) | (
@@ -363,6 +496,7 @@ class TransformersEngine:
                         max_tokens=budget,
                         stop_token_ids=stop_ids,
                         stop_strings=tuple(params.stop),
+                        adapter=adapter,
                     )
                 )
                 temperature.append(params.temperature)

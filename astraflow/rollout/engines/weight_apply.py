@@ -12,11 +12,12 @@ from typing import Any
 
 import torch
 
+from astraflow.errors import AstraFlowError
 from astraflow.rollout.engines.base import WeightUpdate
 from astraflow.weights.delta import DeltaChain, SparseDelta
 
 
-class WeightUpdateError(ValueError):
+class WeightUpdateError(AstraFlowError, ValueError):
     """An update that does not fit the engine's weights (names, shapes, parent version)."""
 
 

@@ -39,6 +39,7 @@ class EngineAgent:
         temperature: float = 0.0,
         overflow: str = "limit",
         top_p: float = 1.0,
+        tool_parser: str = "auto",
     ):
         if overflow not in OVERFLOW_MODES:
             raise ValueError(f"overflow must be 'limit' or 'truncate', got {overflow!r}")
@@ -52,7 +53,9 @@ class EngineAgent:
         #: engine slides a window over long prompts).
         self.max_total_tokens = int(getattr(engine, "max_context", 0) or 1 << 30)
         self.sampling = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens)
-        self._policies = {role: RolePolicy(name, engine, self.sampling, trainable=False)}
+        self._policies = {
+            role: RolePolicy(name, engine, self.sampling, trainable=False, tool_parser=tool_parser)
+        }
 
     def policies(self, task: Task) -> dict[str, RolePolicy]:
         return self._policies

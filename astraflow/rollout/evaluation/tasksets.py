@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from astraflow.protocol import Task
+from astraflow.protocol.transcripts import episode_turns
 from astraflow.rollout.evaluation.episodes import Outcome, run_tasks
 
 
@@ -39,6 +40,8 @@ class TaskSetEval:
     task_kwargs: dict[str, Any] = field(default_factory=dict)
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     env_timeout_s: float | None = 120.0
+    #: workflow ``openai_agent``: the agent function ('package.module:function' or 'file.py:fn')
+    agent: str | None = None
 
     def __post_init__(self) -> None:
         if self.samples < 1:
@@ -72,7 +75,9 @@ def succeeded(outcome: Outcome) -> bool:
     return sum(ep.rewards.values()) > 0
 
 
-def sample_row(outcome: Outcome) -> dict[str, Any]:
+def sample_row(
+    outcome: Outcome, decode: Callable[[list[int]], str] | None = None
+) -> dict[str, Any]:
     ep = outcome.episode
     row: dict[str, Any] = {
         "task": str(outcome.task.meta.get("payload_id")),
@@ -97,6 +102,11 @@ def sample_row(outcome: Outcome) -> dict[str, Any]:
             }
         ),
     )
+    if decode is not None:  # the decoded text of each turn, so the report shows what was said
+        row["transcript"] = [t.model_dump(exclude={"start"}) for t in episode_turns(ep, decode)]
+    for key in ("tool_calls", "invalid_tool_calls"):  # function-calling workflows count these
+        if key in ep.metrics:
+            row[key] = int(ep.metrics[key])
     if ep.error:
         row["error"] = ep.error
     return row
@@ -182,8 +192,15 @@ async def evaluate_task_set(
     )
     rows_by_id: dict[str, dict[str, Any]] = {}
 
+    tokenizer = getattr(getattr(agent, "engine", None), "tokenizer", None)
+    decode = None
+    if tokenizer is not None:
+
+        def decode(ids: list[int]) -> str:
+            return tokenizer.decode(ids, skip_special_tokens=False)
+
     def done(outcome: Outcome) -> None:
-        rows_by_id[outcome.task.id] = row = sample_row(outcome)
+        rows_by_id[outcome.task.id] = row = sample_row(outcome, decode)
         if on_result:
             on_result(row)
 
@@ -197,6 +214,7 @@ async def evaluate_task_set(
             workflow_kwargs={
                 "max_turns": config.max_turns,
                 "max_total_tokens": agent.max_total_tokens,
+                **({"agent": config.agent} if config.agent else {}),
                 **config.env_kwargs,
             },
             concurrency=config.concurrency,

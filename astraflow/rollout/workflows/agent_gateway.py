@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from astraflow.rollout.engines.openai_server import LoopServer, Route, create_app
+from astraflow.protocol.http_server import HTTPServer
+from astraflow.rollout.engines.openai_server import Route, create_app
 from astraflow.rollout.workflows.base import RolePolicy
 from astraflow.rollout.workflows.call_recorder import EpisodeCalls
 
@@ -43,7 +44,11 @@ class _SessionRouter:
     def route(self, caller: AgentSession, model: str) -> Route:
         policy = caller.policies[model]
         return Route(
-            policy.engine, replace(policy.sampling, n=1), dict(caller.overrides), caller.calls
+            policy.engine,
+            replace(policy.sampling, n=1),
+            dict(caller.overrides),
+            caller.calls,
+            policy.tool_parser,
         )
 
 
@@ -54,7 +59,7 @@ class AgentGateway:
         self.host = host
         self.pool_size = pool_size
         self._sessions: dict[str, AgentSession] = {}
-        self._server: LoopServer | None = None
+        self._server: HTTPServer | None = None
         self._http: Any = None
         self._starting: asyncio.Lock | None = None
         self._starting_loop: asyncio.AbstractEventLoop | None = None
@@ -69,14 +74,15 @@ class AgentGateway:
             if self._server is None or self._server.loop is not loop:
                 # first use, or a new loop (the old server died with its loop)
                 app = create_app(router=_SessionRouter(self._sessions), title="AstraFlow node")
-                self._server = await LoopServer(app, self.host).start()
+                server = HTTPServer(app, self.host, lifespan="off", name="agent-gateway")
+                self._server = await server.start()
                 self._http = None
         return self.base_url
 
     @property
     def base_url(self) -> str:
-        assert self._server is not None and self._server.base_url
-        return self._server.base_url + "/v1"
+        assert self._server is not None
+        return self._server.url + "/v1"
 
     def http_client(self):
         """One pooled HTTP client for every episode's SDK client (no proxies: loopback)."""

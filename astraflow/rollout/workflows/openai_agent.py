@@ -16,19 +16,34 @@ The episode's reward comes from what the function returns:
 - a string: a final answer, scored by the task's env (one ``step`` after ``reset``, or a step of
   the env the function was given);
 - ``None``: the rewards the function collected by stepping the env it was given.
+
+Per-call rewards (AReaL's ``set_reward``): ``client.set_reward(reward, call=-1, model=None)``
+credits one call of a model (its index among that model's calls in the episode, negative from the
+end; default the latest call of the one model called so far). A role whose calls got rewards keeps
+them per turn on its trajectory (``Trajectory.turn_rewards``, which ``trainer.turn_discount``
+turns into per-turn returns); the function's returned reward is added to its last call, and the
+role's episode reward is the sum.
+
+Tools: the agent may pass ``tools``/``tool_choice`` (the OpenAI Agents SDK's ``@function_tool``
+agents through ``OpenAIChatCompletionsModel`` do); the gateway renders them with the policy's chat
+template and returns ``tool_calls`` read by the policy's ``tool_parser``; the agent runs its tools
+itself and sends the results back as ``tool`` messages.
+
+An episode whose conversation reaches ``min(max_total_tokens, engine context - 1)`` ends with
+``finish_reason = "length"`` and is kept: the calls past that point get empty ``length`` replies,
+and should the agent raise after that (it had no room to finish), the episode is still kept,
+scored by the env it stepped (0 when it took none). A reply whose tool call did not parse makes
+the episode ``invalid_tool_call`` (counted in ``metrics["invalid_tool_calls"]``).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
-import sys
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
+from astraflow.plugins import import_location
 from astraflow.protocol import Episode, Task
 from astraflow.rollout.workflows.agent_gateway import AgentGateway, AgentSession
 from astraflow.rollout.workflows.base import EnvFactory, RolePolicy, WorkflowError, WorkflowSpec
@@ -44,16 +59,7 @@ def load_agent(ref: str) -> tuple[Any, bool]:
         raise WorkflowError(f"workflow.agent must be {AGENT_FORMAT}, got {ref!r}")
     where, name = ref.split(":")
     try:
-        if where.endswith(".py"):
-            path = Path(where).resolve()
-            spec = importlib.util.spec_from_file_location(f"astraflow_agent_{path.stem}", path)
-            if spec is None or spec.loader is None or not path.is_file():
-                raise FileNotFoundError(f"no such file {path}")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
+        module = import_location(where, "astraflow_agent", fresh=True)
     except Exception as exc:
         raise WorkflowError(
             f"workflow.agent {ref!r}: cannot import {where!r} ({type(exc).__name__}: {exc}); "
@@ -81,6 +87,28 @@ def load_agent(ref: str) -> tuple[Any, bool]:
             f"({', '.join(params)})"
         )
     return fn, "env" in params
+
+
+def literal_model_names(fn: Any) -> set[str]:
+    """The ``model="..."`` string literals in ``fn``'s source: the model names the agent asks
+    for where they are written out. Each must be a workflow role (the node's gateway answers any
+    other name 404, and every episode fails), so ``recipe check`` compares them with the roles
+    before a run. Names built at run time are not seen; a function without source gives none."""
+    import ast
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return set()
+    return {
+        kw.value.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        for kw in node.keywords
+        if kw.arg == "model" and isinstance(kw.value, ast.Constant)
+        if isinstance(kw.value.value, str)
+    }
 
 
 class ScoredEnv:
@@ -174,12 +202,20 @@ class OpenAIAgentWorkflow:
                 max_retries=0,
                 timeout=request_timeout_s,
             )
+            client.set_reward = calls.set_reward  # per-call rewards (see the module doc)
             if wants_env:
                 envs.append(await make_env(task.env, env_kw))
                 scored = await ScoredEnv(envs[-1]).start(dict(task.payload))
-                result = await fn(client, dict(task.payload), env=scored)
-            else:
-                result = await fn(client, dict(task.payload))
+            try:
+                if scored is not None:
+                    result = await fn(client, dict(task.payload), env=scored)
+                else:
+                    result = await fn(client, dict(task.payload))
+            except Exception:
+                if not (calls.truncated and calls.roles()):
+                    raise
+                # out of room, the agent could not finish: keep what it did (see the module doc)
+                result = None if scored is not None else 0.0
             # no call may land after the episode is assembled
             self.gateway.close_session(key)
             roles = calls.roles()
@@ -191,12 +227,16 @@ class OpenAIAgentWorkflow:
                     scored = await ScoredEnv(envs[-1]).start(dict(task.payload))
                 if not scored.done:
                     await scored.step(result)
-            rewards = _rewards(agent, result, scored, roles)
+            rewards = calls.with_final_rewards(_rewards(agent, result, scored, roles))
         finally:
             self.gateway.close_session(key)
             for env in envs:
                 await env.close()
-        if scored is not None and scored.truncated:
+        if calls.truncated:
+            finish = "length"
+        elif calls.invalid_tool_calls:
+            finish = "invalid_tool_call"
+        elif scored is not None and scored.truncated:
             finish = "truncated"
         elif scored is not None and not scored.done and result is None:
             finish = "turn_limit"
@@ -215,6 +255,8 @@ class OpenAIAgentWorkflow:
                 "turns": float(sum(t.num_turns for t in trajectories)),
                 "tokens": float(sum(len(t.tokens) for t in trajectories)),
                 "env_steps": float(scored.steps if scored is not None else 0),
+                "tool_calls": float(calls.tool_calls),
+                "invalid_tool_calls": float(calls.invalid_tool_calls),
             },
         )
 

@@ -24,11 +24,12 @@ def _builtin_specs() -> list[WorkflowSpec]:
             single_agent,
             ("agent",),
             "One policy, multi-turn loop over any registered env",
+            resumable=True,
         )
     ]
-    from astraflow.rollout.workflows import multi_agent, openai_agent
+    from astraflow.rollout.workflows import game, multi_agent, openai_agent, tool_agent
 
-    return specs + list(multi_agent.SPECS) + [openai_agent.spec()]
+    return specs + list(multi_agent.SPECS) + [openai_agent.spec(), tool_agent.SPEC, game.SPEC]
 
 
 def _accept_workflow(obj: Any, ep: LoadedEntryPoint) -> WorkflowSpec:

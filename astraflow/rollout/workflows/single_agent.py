@@ -3,23 +3,39 @@
 Env calls are awaited on the env the node's ``make_env`` returns (an ``AsyncEnv``), so a slow env
 step (a sandbox run, a database query) never blocks other episodes on the node. An env whose reset
 info carries ``messages`` (chat turns, e.g. AgentBench ALFWorld's one-shot dialogue) opens the
-conversation with them instead of its observation as one user message.
+conversation with them instead of its observation as one user message; a step whose info carries
+``messages`` (SkyRL-style chat observations, any role incl. ``tool``) adds them as chat turns. Each
+turn's reward is kept in order (``Episode.info["turn_rewards"]``, and on the trajectory, per run of
+generated tokens, for turn-level credit); the episode's reward is their sum.
+
+The sequence is bounded by ``min(max_total_tokens, engine context - 1)`` (``workflows.budget``): an
+episode that runs out ends with ``finish_reason = "length"`` and keeps the reward its turns earned.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from astraflow.protocol import Episode, Task, Trajectory
-from astraflow.rollout.workflows.base import EnvFactory, RolePolicy, WorkflowError
-from astraflow.rollout.workflows.tokens import ChatRenderer
+from astraflow.rollout.workflows import budget
+from astraflow.rollout.workflows.base import EnvFactory, EpisodeSaver, RolePolicy, WorkflowError
+from astraflow.rollout.workflows.tokens import ChatRenderer, check_turn_messages
+
+log = logging.getLogger("astraflow.rollout.workflows")
 
 
 class TurnRecorder:
-    """Accumulates one role's token sequence with loss mask, log-probs and versions."""
+    """Accumulates one role's token sequence with loss mask, log-probs and versions, and the
+    reward of each generated turn.
+
+    A turn's reward belongs to the run of generated tokens (loss mask 1) it produced: the
+    trajectory's ``turn_rewards`` hold one reward per run, which is what the trainer's turn-level
+    credit (``trainer.turn_discount``) reads. Turns without tokens credit the run before them (or
+    the first one, if none came before)."""
 
     def __init__(self, role: str, prompt_ids: list[int]):
         self.role = role
@@ -28,8 +44,18 @@ class TurnRecorder:
         self.logprobs = [0.0] * len(prompt_ids)
         self.versions = [-1] * len(prompt_ids)
         self.turns = 0
+        #: reward per run of generated tokens
+        self.run_rewards: list[float] = []
+        #: the run each generated turn (add_generated call) belongs to (-1: before any run)
+        self._turn_run: list[int] = []
+        self._pending = 0.0  # credited before the first run existed
+        self._credited = False
 
     def add_generated(self, ids: list[int], logprobs: list[float], version: int) -> None:
+        if ids and not (self.loss_mask and self.loss_mask[-1] == 1):
+            self.run_rewards.append(self._pending if not self.run_rewards else 0.0)
+            self._pending = 0.0
+        self._turn_run.append(len(self.run_rewards) - 1)
         self.tokens += ids
         self.loss_mask += [1] * len(ids)
         self.logprobs += list(logprobs)
@@ -42,6 +68,49 @@ class TurnRecorder:
         self.logprobs += [0.0] * len(ids)
         self.versions += [-1] * len(ids)
 
+    def add_turn_reward(self, reward: float, turn: int = -1) -> None:
+        """Credit ``reward`` to generated turn ``turn`` (its index among this role's
+        generations; default the latest)."""
+        run = self._turn_run[turn] if self._turn_run else -1
+        self._credited = True
+        if run < 0:
+            if self.run_rewards:
+                self.run_rewards[0] += float(reward)
+            else:
+                self._pending += float(reward)
+        else:
+            self.run_rewards[run] += float(reward)
+
+    def state(self) -> dict[str, Any]:
+        """What :meth:`restore` needs besides the trajectory (plain JSON)."""
+        return {
+            "turns": self.turns,
+            "turn_run": list(self._turn_run),
+            "run_rewards": list(self.run_rewards),
+            "pending": self._pending,
+            "credited": self._credited,
+        }
+
+    @classmethod
+    def restore(cls, traj: Trajectory, state: dict[str, Any]) -> TurnRecorder:
+        """A recorder that goes on from a saved trajectory: its tokens, loss mask, log-probs and
+        versions as saved (never regenerated). Raises on a malformed state."""
+        rec = cls(traj.role, [])
+        rec.tokens = list(traj.tokens)
+        rec.loss_mask = list(traj.loss_mask)
+        rec.logprobs = list(traj.logprobs)
+        rec.versions = list(traj.versions)
+        rec.turns = int(state["turns"])
+        rec._turn_run = [int(x) for x in state["turn_run"]]
+        rec.run_rewards = [float(x) for x in state["run_rewards"]]
+        rec._pending = float(state["pending"])
+        rec._credited = bool(state["credited"])
+        return rec
+
+    @property
+    def generated_turns(self) -> int:
+        return len(self._turn_run)
+
     def trajectory(self) -> Trajectory:
         return Trajectory(
             role=self.role,
@@ -50,6 +119,7 @@ class TurnRecorder:
             logprobs=self.logprobs,
             versions=self.versions,
             num_turns=self.turns,
+            turn_rewards=list(self.run_rewards) if self._credited and self.run_rewards else None,
         )
 
 
@@ -71,8 +141,11 @@ async def single_agent(
     max_turns: int = 1,
     max_total_tokens: int = 4096,
     system_prompt: str | None = None,
+    saver: EpisodeSaver | None = None,
     **env_kwargs: Any,
 ) -> Episode:
+    """``saver`` (given by the node, see :class:`EpisodeSaver`): resume from its saved turns,
+    and save the episode after finished turns when it is due."""
     if "agent" not in policies:
         raise WorkflowError(f"single_agent needs the role 'agent'; got roles {sorted(policies)}")
     agent = policies["agent"]
@@ -82,21 +155,26 @@ async def single_agent(
     try:
         renderer = ChatRenderer(agent.tokenizer, system=system_prompt)
         t0 = time.perf_counter()
-        obs, info = await env.reset(seed=None, options={"task": task.payload})
+        resumed = await _resume(saver, env)
+        if resumed is not None:
+            rec, turn_rewards, info, first_turn = resumed
+        else:
+            obs, info = await env.reset(seed=None, options={"task": task.payload})
+            # An env may open with chat turns of its own (a benchmark's few-shot dialogue).
+            rec = TurnRecorder("agent", renderer.prompt_ids(obs, info.get("messages")))
+            turn_rewards = []
+            first_turn = 0
         env_s += time.perf_counter() - t0
-        # An env may open with chat turns of its own (a benchmark's few-shot dialogue).
-        rec = TurnRecorder("agent", renderer.prompt_ids(obs, info.get("messages")))
-        total_reward = 0.0
         finish = "turn_limit"
         params = sampling_for(task, agent)
-        for _turn in range(max_turns):
-            budget = max_total_tokens - len(rec.tokens)
-            if budget <= 0:
-                finish = "length"
+        limit = budget.context_limit(agent.engine, max_total_tokens)
+        for turn in range(first_turn, max_turns):
+            if budget.room(limit, rec.tokens) <= 0:
+                finish = budget.LENGTH
                 break
             t0 = time.perf_counter()
             (gen,) = await agent.engine.generate(
-                rec.tokens, replace(params, max_tokens=min(params.max_tokens, budget))
+                rec.tokens, budget.capped(params, limit, rec.tokens)
             )
             gen_s += time.perf_counter() - t0
             rec.add_generated(gen.token_ids, gen.logprobs, gen.version)
@@ -104,30 +182,82 @@ async def single_agent(
             t0 = time.perf_counter()
             obs, reward, terminated, truncated, info = await env.step(text)
             env_s += time.perf_counter() - t0
-            total_reward += reward
+            turn_rewards.append(float(reward))
+            rec.add_turn_reward(float(reward))
             if terminated:
                 finish = "terminated"
                 break
             if truncated:
                 finish = "truncated"
                 break
-            rec.add_context(renderer.observation_ids(obs, gen.token_ids))
+            turn_messages = info.get("messages")
+            if turn_messages:
+                feedback = renderer.messages_ids(check_turn_messages(turn_messages), gen.token_ids)
+            else:
+                feedback = renderer.observation_ids(obs, gen.token_ids)
+            if not budget.fits(limit, rec.tokens, feedback):
+                # No room to answer the feedback: skip it and end here, scored as played.
+                finish = budget.LENGTH
+                break
+            rec.add_context(feedback)
+            if saver is not None:
+
+                async def snapshot(done: int = turn + 1, last: dict = info) -> dict[str, Any]:
+                    return {
+                        "turns": done,
+                        "trajectories": [rec.trajectory()],
+                        "env_state": await env.state_dict(),
+                        "workflow_state": {
+                            "recorder": rec.state(),
+                            "turn_rewards": list(turn_rewards),
+                            "info": _jsonable(last),
+                        },
+                    }
+
+                await saver.turn_done(snapshot)
         return Episode(
             task_id=task.id,
             trajectories=[rec.trajectory()],
-            rewards={"agent": total_reward},
+            rewards={"agent": sum(turn_rewards)},
             finish_reason=finish,
-            info=_jsonable(info),
+            info={**_jsonable(info), "turn_rewards": turn_rewards},
             metrics={
                 "generate_s": gen_s,
                 "env_s": env_s,
                 "wall_s": time.perf_counter() - started,
                 "turns": float(rec.turns),
                 "tokens": float(len(rec.tokens)),
+                # turns played by an earlier node and resumed here, not played again
+                "resumed_turns": float(first_turn),
             },
         )
     finally:
         await env.close()
+
+
+async def _resume(
+    saver: EpisodeSaver | None, env: Any
+) -> tuple[TurnRecorder, list[float], dict[str, Any], int] | None:
+    """(recorder, turn rewards, last info, next turn) of the episode's saved turns, the env put
+    back into its saved state; None when there is nothing to resume (or it cannot be: an env
+    without ``load_state_dict``, a malformed save), and the episode starts afresh."""
+    partial = saver.resume if saver is not None else None
+    if partial is None or partial.finished is not None:
+        return None
+    if partial.env_state is None or not env.saves_state:
+        log.info("episode %d: saved turns not resumable here (no env state)", saver.index)
+        return None
+    try:
+        (traj,) = partial.trajectories
+        state = partial.workflow_state
+        rec = TurnRecorder.restore(traj, state["recorder"])
+        turn_rewards = [float(r) for r in state["turn_rewards"]]
+        info = dict(state.get("info") or {})
+        await env.load_state_dict(partial.env_state)
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        log.warning("episode %d: saved turns not resumed (%s); playing it afresh", saver.index, exc)
+        return None
+    return rec, turn_rewards, info, partial.turns
 
 
 def _jsonable(info: dict[str, Any]) -> dict[str, Any]:

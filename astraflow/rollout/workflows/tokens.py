@@ -10,26 +10,31 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from astraflow.tools.chat import render_chat
+
 _PROBE = "\u2063PROBE\u2063"
 
 
 @dataclass
 class ChatRenderer:
-    """Renders the turn boundaries of a tokenizer's chat template as token ids."""
+    """Renders the turn boundaries of a tokenizer's chat template as token ids.
+
+    ``tools`` (OpenAI ``tools`` entries) are offered to the model in every rendering, so the
+    pieces rendered turn by turn agree with the conversation rendered whole
+    (:func:`astraflow.tools.chat.render_chat`)."""
 
     tokenizer: Any
     system: str | None = None
+    tools: list[dict[str, Any]] | None = None
     _after_assistant: str | None = field(default=None, init=False)
 
-    def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        tok = self.tokenizer
-        if getattr(tok, "chat_template", None):
-            return tok.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt
-            )
-        # No template (base model): plain text turns.
-        text = "".join(m["content"] + "\n" for m in messages)
-        return text
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        return render_chat(
+            self.tokenizer,
+            messages,
+            tools=self.tools,
+            add_generation_prompt=add_generation_prompt,
+        )
 
     def _base(self) -> list[dict[str, str]]:
         return [{"role": "system", "content": self.system}] if self.system else []
@@ -68,7 +73,7 @@ class ChatRenderer:
         message of ``role`` and open the next assistant turn."""
         return self.messages_ids([{"role": role, "content": observation}], generated_ids)
 
-    def messages_ids(self, messages: list[dict[str, str]], generated_ids: list[int]) -> list[int]:
+    def messages_ids(self, messages: list[dict[str, Any]], generated_ids: list[int]) -> list[int]:
         """Ids that close the assistant turn (if the engine did not), add ``messages`` (a tool
         result, a user turn, several of them) and open the next assistant turn."""
         tok = self.tokenizer
@@ -114,4 +119,28 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
         out.append({"role": m["role"], "content": m["content"]})
     if out[-1]["role"] != "user":
         raise ValueError("an env's opening messages must end with a user message")
+    return out
+
+
+#: roles an env's later-turn messages may have (a tool result is a ``tool`` turn)
+TURN_ROLES = ("system", "user", "assistant", "tool")
+
+
+def check_turn_messages(messages: Any) -> list[dict[str, Any]]:
+    """An env's observation as chat messages (``info["messages"]`` of a step): any of
+    :data:`TURN_ROLES`, text content; a ``tool`` turn keeps its ``tool_call_id`` and ``name``."""
+    if not isinstance(messages, list):
+        raise ValueError(f"an env's step messages must be a list, got {messages!r:.80}")
+    out = []
+    for i, m in enumerate(messages):
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in TURN_ROLES
+            or not isinstance(m.get("content"), str)
+        ):
+            raise ValueError(
+                f"step message {i} must be {{'role': {'|'.join(TURN_ROLES)}, 'content': str}}, "
+                f"got {m!r:.120}"
+            )
+        out.append({k: m[k] for k in ("role", "content", "tool_call_id", "name") if k in m})
     return out

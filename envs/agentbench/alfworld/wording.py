@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from astraflow.errors import AstraFlowError
+
 #: Text ALFWorld's patch inserts before the domain's last ")" (verbatim from the patch script).
 HELP_ACTION_PDDL = """\
 (:action help
@@ -65,7 +67,7 @@ GRAMMAR_SWAPS = (
 _MOVE = re.compile(r"^move (?P<obj>.+?) to (?P<recep>.+)$")
 
 
-class WordingError(ValueError):
+class WordingError(AstraFlowError, ValueError):
     """A game whose text is neither ALFWorld's json_2.1.1 wording nor exactly its 2.1.2 patch."""
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
+from astraflow.errors import AstraFlowError
 from envs.agentbench.dbbench.scoring import (
     GROUP_CONCAT_MAX_LEN,
     format_rows,
@@ -35,7 +36,7 @@ from envs.agentbench.dbbench.scoring import (
 )
 
 
-class BackendError(RuntimeError):
+class BackendError(AstraFlowError, RuntimeError):
     """The database backend is unreachable or misconfigured."""
 
 

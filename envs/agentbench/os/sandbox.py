@@ -31,6 +31,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -161,8 +162,18 @@ class Sandbox:
             raise
 
     def close(self) -> None:
+        """Stop the system; safe from any thread.
+
+        Called while a command runs (another thread is inside :meth:`shell` / :meth:`run`, e.g.
+        the node's env runner closing an env whose step timed out) it kills the supervisor's whole
+        process group at once: the supervisor reads no request while a command runs, so closing
+        its stdin would only be noticed when the command ends. The ``overlay`` system dies with
+        its supervisor (``--die-with-parent``, PID namespace); the ``docker`` one is removed."""
         proc, self._proc = self._proc, None
         if proc is not None:
+            busy = self._lock.locked()
+            if busy:
+                _kill_group(proc)
             try:
                 if proc.stdin:
                     proc.stdin.close()
@@ -171,8 +182,7 @@ class Sandbox:
             try:
                 proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+                _kill_group(proc)
             if proc.stdout:
                 proc.stdout.close()
         err, self._err = getattr(self, "_err", None), None
@@ -190,6 +200,15 @@ class Sandbox:
             self.close()
         except Exception:
             pass
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the supervisor's process group (it leads its own session) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait(timeout=10)
 
 
 def _readline_with_timeout(proc: subprocess.Popen, timeout: float) -> bytes:

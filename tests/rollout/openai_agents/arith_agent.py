@@ -75,3 +75,27 @@ async def complete_twice(client: AsyncOpenAI, task: dict) -> float:
     prompt += first.choices[0].text + f"<|end|><|user|>{task['question']}<|end|><|assistant|>"
     await client.completions.create(model="agent", prompt=prompt, max_tokens=6)
     return 0.5
+
+
+async def rewarded_turns(client: AsyncOpenAI, task: dict) -> float:
+    """AReaL-style per-turn rewards: the first call is rewarded 0.25 by index, the second (the
+    latest) 0.5 by default; the returned 1.0 goes to the last call too."""
+    messages = [{"role": "user", "content": task["question"]}]
+    first = await client.chat.completions.create(model="agent", messages=messages, max_tokens=4)
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": task["question"]},
+    ]
+    await client.chat.completions.create(model="agent", messages=messages, max_tokens=4)
+    client.set_reward(0.25, call=0)
+    client.set_reward(0.5)
+    return 1.0
+
+
+async def rewards_a_call_it_never_made(client: AsyncOpenAI, task: dict) -> float:
+    """Misuse: a reward for a third call of a model called once."""
+    await client.chat.completions.create(
+        model="agent", messages=[{"role": "user", "content": task["question"]}], max_tokens=2
+    )
+    client.set_reward(1.0, call=2)
+    return 0.0

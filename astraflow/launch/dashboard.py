@@ -1,0 +1,217 @@
+"""The web dashboard: a run's figures and single trajectories in a browser, read-only.
+
+``astraflow dashboard RUN_DIR|URL`` serves it; ``astraflow train`` serves it beside the run. The
+page is one static HTML file with plain JavaScript and a vendored chart library (uPlot), so
+there is no front-end build. It reads three JSON routes:
+
+- ``/api/summary``: the run's status (from the live service, when there is one) and, from
+  ``metrics.jsonl``, each policy's reward, held-out accuracy, samples/s and staleness by step;
+- ``/api/transcripts``: the kept episodes (:mod:`astraflow.launch.transcripts`), decoded;
+- ``/api/transcripts/{episode_id}``: one of them token by token for the trajectory viewer: the
+  text of each token, the loss mask, the behaviour log-prob and the weight version.
+
+Every route but ``/healthz`` and the static code needs the run's admin token (``?token=`` or a bearer header): the
+page shows every prompt and answer of the run. Nothing here writes anything.
+"""
+
+from __future__ import annotations
+
+import hmac
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.responses import HTMLResponse
+
+from astraflow.launch.report import metric_series
+from astraflow.launch.transcripts import Decoders, load_recipe_of, read_store
+from astraflow.protocol.auth import bearer
+from astraflow.protocol.transcripts import TranscriptRecord
+
+STATIC = resources.files("astraflow.launch") / "dashboard_static"
+ASSETS = {
+    "uPlot.iife.min.js": "application/javascript",
+    "uPlot.min.css": "text/css",
+    "dashboard.js": "application/javascript",
+}
+#: tokens shown per trajectory in the token view (a long episode is cut, and says so)
+MAX_VIEW_TOKENS = 4096
+
+
+class DashboardSource:
+    """Where the figures come from: a run directory, a live service (client), or both."""
+
+    def __init__(self, run_dir: Path | None = None, client: Any = None, recipe: Any = None):
+        self.run_dir = run_dir
+        self.client = client
+        self.recipe = (
+            recipe if recipe is not None else (load_recipe_of(run_dir) if run_dir else None)
+        )
+        if self.recipe is None and client is not None:
+            self.recipe = client.recipe()
+        self.decoders = Decoders(self.recipe)
+
+    def status(self) -> dict | None:
+        if self.client is None:
+            return None
+        try:
+            return self.client.status().model_dump(mode="json")
+        except Exception:  # the service is gone (a finished run): the files still tell
+            return None
+
+    def series(self) -> dict[str, Any]:
+        if self.run_dir is None or not (self.run_dir / "metrics.jsonl").exists():
+            return {}
+        from astraflow.launch.report import empty_panel_notes, read_metrics
+
+        records = read_metrics(self.run_dir)
+        out: dict[str, Any] = {"notes": empty_panel_notes(records), "policies": {}}
+        for key, kind, field in (
+            ("reward", "step", "reward_mean"),
+            ("accuracy", "eval", "accuracy"),
+            ("samples_per_s", "step", "samples_per_s"),
+            ("staleness", "step", "staleness_mean"),
+        ):
+            for policy, (xs, ys) in metric_series(records, kind, field).items():
+                out["policies"].setdefault(policy, {})[key] = {"x": xs, "y": ys}
+        return out
+
+    def records(self, step: int | None, failed: bool | None, limit: int) -> list[TranscriptRecord]:
+        if self.client is not None:
+            try:
+                return self.client.transcripts(step, failed, limit).transcripts
+            except Exception:
+                if self.run_dir is None:
+                    raise
+        if self.run_dir is None:
+            return []
+        return read_store(self.run_dir, step, failed, limit)
+
+    def token_view(self, record: TranscriptRecord) -> dict[str, Any]:
+        """One episode for the viewer: turns, and per role every token with its figures."""
+        transcript = self.decoders.decode(record)
+        roles = []
+        for t in record.trajectories:
+            decode = self.decoders.for_policy(record.policy.get(t.role, "policy"))
+            n = min(len(t.tokens), MAX_VIEW_TOKENS)
+            roles.append(
+                {
+                    "role": t.role,
+                    "policy": record.policy.get(t.role, ""),
+                    "reward": record.rewards.get(t.role),
+                    "advantage": record.advantages.get(t.role),
+                    "cut": len(t.tokens) > n,
+                    "tokens": [
+                        {
+                            "text": decode([t.tokens[i]]),
+                            "mask": t.loss_mask[i],
+                            "logprob": t.logprobs[i] if t.loss_mask[i] else None,
+                            "version": t.versions[i] if t.loss_mask[i] else None,
+                        }
+                        for i in range(n)
+                    ],
+                }
+            )
+        return {
+            "record": record.model_dump(exclude={"trajectories"}),
+            "turns": [turn.model_dump() for turn in transcript.turns],
+            "roles": roles,
+        }
+
+
+def serve_dashboard(
+    run_dir: Path, dataflow_url: str, token: str, ca_file: str | None = None, port: int = 0
+) -> tuple[str, Any]:
+    """The dashboard of a run being launched, in a thread of the launcher: (URL with token,
+    stop function)."""
+    from astraflow.protocol.client import SyncDataflowClient
+    from astraflow.weights.server import serve_in_thread
+
+    client = SyncDataflowClient(dataflow_url, token, timeout=5.0, retries=0, ca_file=ca_file)
+    app = create_dashboard_app(DashboardSource(run_dir, client), token)
+    url, stop = serve_in_thread(app, "127.0.0.1", port)
+
+    def close() -> None:
+        stop()
+        client.close()
+
+    return f"{url}/?token={token}", close
+
+
+def create_dashboard_app(source: DashboardSource, token: str) -> FastAPI:
+    if not token:
+        raise ValueError("the dashboard needs the run's admin token")
+    app = FastAPI(title="AstraFlow dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def require_token(request: Request, call_next):
+        # the page's code and chart library hold no run data; everything else needs the token
+        path = request.url.path
+        if path not in ("/healthz", "/favicon.ico") and not path.startswith("/static/"):
+            given = request.query_params.get("token") or bearer(
+                request.headers.get("authorization")
+            )
+            if not given or not hmac.compare_digest(given, token):
+                return Response(
+                    "missing or wrong token: open the URL `astraflow dashboard` printed "
+                    "(it ends in ?token=...)",
+                    status_code=401,
+                    media_type="text/plain",
+                )
+        return await call_next(request)
+
+    @app.get("/healthz")
+    def healthz() -> dict:
+        return {"ok": True}
+
+    @app.get("/favicon.ico")
+    def favicon() -> Response:
+        return Response(status_code=204)
+
+    @app.get("/", response_class=HTMLResponse)
+    def page() -> str:
+        return (STATIC / "dashboard.html").read_text(encoding="utf-8")
+
+    @app.get("/static/{name}")
+    def asset(name: str) -> Response:
+        if name not in ASSETS:
+            raise HTTPException(404, f"no asset {name!r}")
+        return Response((STATIC / name).read_bytes(), media_type=ASSETS[name])
+
+    @app.get("/api/summary")
+    def summary() -> dict:
+        run = source.run_dir.name if source.run_dir else None
+        st = source.status()
+        return {
+            "run": (st or {}).get("run") or run,
+            "run_dir": str(source.run_dir) if source.run_dir else None,
+            "live": st is not None and not st.get("done"),
+            "status": st,
+            "series": source.series(),
+        }
+
+    @app.get("/api/transcripts")
+    def transcripts(step: int | None = None, failed: bool | None = None, limit: int = 50):
+        records = source.records(step, failed, min(max(limit, 1), 500))
+        out = []
+        for r in records:
+            t = source.decoders.decode(r)
+            answer = next((x.text for x in reversed(t.turns) if x.source == "policy"), "")
+            out.append(
+                {
+                    **r.model_dump(exclude={"trajectories"}),
+                    "turns": len(t.turns),
+                    "answer": answer[:200],
+                }
+            )
+        return {"transcripts": out}
+
+    @app.get("/api/transcripts/{episode_id}")
+    def one(episode_id: str) -> dict:
+        for r in source.records(None, None, 500):
+            if r.episode_id == episode_id:
+                return source.token_view(r)
+        raise HTTPException(404, f"no kept transcript {episode_id!r}")
+
+    return app

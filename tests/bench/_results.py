@@ -1,0 +1,147 @@
+"""What a run achieved: one :class:`RunResult` per system and seed, one :class:`PolicyResult` per
+policy, built from the run's metrics records; and the per-system figures every comparison reports."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from _records import EvalPoint, eval_points, idle_fraction, mean_reward, step_records
+from _stats import ratio, spread, spread_json
+
+
+@dataclass
+class PolicyResult:
+    """What one policy of one run achieved (the unit every table row is built from)."""
+
+    policy: str
+    steps: int = 0
+    trained_samples: int = 0
+    train_s: float | None = None
+    samples_per_s: float | None = None
+    evals: list[EvalPoint] = field(default_factory=list)
+    reward_first: float | None = None
+    reward_final: float | None = None
+    idle_fraction: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def accuracy_before(self) -> float | None:
+        return self.evals[0].accuracy if self.evals and self.evals[0].step == 0 else None
+
+    @property
+    def accuracy_final(self) -> float | None:
+        return self.evals[-1].accuracy if self.evals else None
+
+    @property
+    def accuracy_best(self) -> float | None:
+        return max((p.accuracy for p in self.evals), default=None)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["evals"] = [asdict(p) for p in self.evals]
+        out["accuracy_before"] = self.accuracy_before
+        out["accuracy_final"] = self.accuracy_final
+        out["accuracy_best"] = self.accuracy_best
+        return out
+
+
+@dataclass
+class RunResult:
+    """One run of one system with one seed."""
+
+    system: str
+    seed: int
+    ok: bool
+    wall_s: float
+    startup_s: float | None = None
+    error: str | None = None
+    run_dir: str | None = None
+    t0: float | None = None  # absolute training-start time (epoch seconds)
+    policies: dict[str, PolicyResult] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunResult:
+        """Inverse of :meth:`to_json` (re-analysing saved runs without running them again)."""
+        run = cls(
+            data["system"], data["seed"], data["ok"], data["wall_s"], data.get("startup_s"),
+            data.get("error"), data.get("run_dir"), data.get("t0"),
+        )  # fmt: skip
+        for name, p in data.get("policies", {}).items():
+            run.policies[name] = PolicyResult(
+                name, p["steps"], p["trained_samples"], p.get("train_s"), p.get("samples_per_s"),
+                [EvalPoint(**e) for e in p.get("evals", [])], p.get("reward_first"),
+                p.get("reward_final"), p.get("idle_fraction"), p.get("extra", {}),
+            )  # fmt: skip
+        return run
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "system": self.system,
+            "seed": self.seed,
+            "ok": self.ok,
+            "wall_s": self.wall_s,
+            "startup_s": self.startup_s,
+            "t0": self.t0,
+            "error": self.error,
+            "run_dir": self.run_dir,
+            "policies": {k: v.to_json() for k, v in self.policies.items()},
+        }
+
+
+def successful_runs(runs: Iterable[RunResult], order: Sequence[str]) -> dict[str, list[RunResult]]:
+    """The runs that completed with a ``policy`` result, by system, for every system of ``order``
+    that has a run at all (a system whose runs all failed keeps an empty list: it is reported)."""
+    runs = list(runs)
+    present = [s for s in order if any(r.system == s for r in runs)]
+    by_system: dict[str, list[RunResult]] = {s: [] for s in present}
+    for r in runs:
+        if r.ok and "policy" in r.policies:
+            by_system[r.system].append(r)
+    return by_system
+
+
+def throughput_json(runs: Sequence[RunResult], startup: bool = False) -> dict[str, Any]:
+    """The figures every comparison reports per system, as :func:`spread_json` over its
+    successful runs: run count, wall (and start-up) seconds, training seconds, samples/s."""
+    ps = [r.policies["policy"] for r in runs]
+    return {
+        "runs": len(ps),
+        "wall_s": spread_json(spread(r.wall_s for r in runs)),
+        **({"startup_s": spread_json(spread(r.startup_s for r in runs))} if startup else {}),
+        "train_s": spread_json(spread(p.train_s for p in ps)),
+        "samples_per_s": spread_json(spread(p.samples_per_s for p in ps)),
+        "trained_samples": spread_json(spread(p.trained_samples for p in ps)),
+    }
+
+
+def summarize_policy(
+    records: Sequence[dict[str, Any]],
+    policy: str,
+    t0: float,
+    intervals: Sequence[tuple[float, float]] = (),
+    reward_window: int = 5,
+) -> PolicyResult:
+    """A :class:`PolicyResult` from metrics records (AstraFlow's metrics.jsonl format)."""
+    steps = step_records(records, policy)
+    res = PolicyResult(policy)
+    res.steps = len(steps)
+    res.trained_samples = int(sum(int(r.get("samples") or 0) for r in steps))
+    if steps and "time" in steps[-1]:
+        res.train_s = float(steps[-1]["time"]) - t0
+        res.samples_per_s = ratio(res.trained_samples, res.train_s)
+    res.evals = eval_points(records, policy, t0)
+    res.reward_first = mean_reward(steps[:reward_window])
+    res.reward_final = mean_reward(steps, last=reward_window)
+    res.idle_fraction = idle_fraction(intervals) if intervals else None
+    waits = [(r.get("metrics") or {}).get("batch_wait_s") for r in steps]
+    if steps and all(isinstance(w, (int, float)) for w in waits) and res.train_s:
+        # The trainer's own account (time blocked in the batch pull), as a cross-check of the
+        # store-derived idle fraction above.
+        res.extra["idle_fraction_reported"] = min(1.0, sum(waits) / res.train_s)
+    staleness = [r["staleness_mean"] for r in steps if r.get("staleness_mean") is not None]
+    if staleness:
+        res.extra["staleness_mean"] = statistics.fmean(staleness)
+    return res

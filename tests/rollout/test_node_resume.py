@@ -1,0 +1,143 @@
+"""A rollout node resumes the episodes a lease carries (``Lease.partials``) instead of playing them
+again: the real dataflow service on loopback, a real :class:`RolloutNode` in-process with the real
+``single_agent`` workflow, a scripted engine and the math multi-turn env.
+
+A first "node" (the workflow run directly with its own scripted engine) plays the task's episodes
+and saves them: episode 0 two turns in, episode 1 finished. Its lease is handed back; the node
+under test takes the task over, generates only episode 0's last two turns and pushes episode 1 as
+it was saved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataflow"))
+
+from dataflow_helpers import TOKEN, ThreadedService, make_recipe  # noqa: E402
+
+from astraflow.dataflow.storage import history  # noqa: E402
+from astraflow.protocol import PartialEpisode  # noqa: E402
+from astraflow.protocol.client import DataflowClient, SyncDataflowClient  # noqa: E402
+from astraflow.rollout.engines.base import SamplingParams  # noqa: E402
+from astraflow.rollout.engines.scripted import ScriptedEngine  # noqa: E402
+from astraflow.rollout.env_runner import EnvRunner  # noqa: E402
+from astraflow.rollout.node import NodeSettings, RolloutNode  # noqa: E402
+from astraflow.rollout.workflows import RolePolicy, default_workflows  # noqa: E402
+from astraflow.rollout.workflows.base import EpisodeSaver  # noqa: E402
+from envs import default_registry  # noqa: E402
+
+MAX_TURNS = 4
+
+
+def _policy(reply: str, version: int) -> RolePolicy:
+    engine = ScriptedEngine(lambda _obs: reply)
+    engine.version = version
+    return RolePolicy("policy", engine, SamplingParams(temperature=1.0, max_tokens=8))
+
+
+def _saved_by_first_node(task) -> dict[int, PartialEpisode]:
+    """Episode 0 saved after turn 2, episode 1 saved finished: what a node that died would have
+    left (played with its own engine, wrong answers, version 3)."""
+    registry = default_registry()
+    wf = default_workflows().get("single_agent")
+    saves: dict[int, list[PartialEpisode]] = {0: [], 1: []}
+
+    async def play(index: int) -> None:
+        async def send(partial):
+            saves[index].append(partial)
+            return True
+
+        saver = EpisodeSaver(index, after_s=0.0, send=send)
+        runner = EnvRunner(lambda env_id, kw: registry.make(env_id, **kw), workers=1)
+        try:
+            ep = await wf.fn(
+                task, {"agent": _policy("alpha", 3)}, runner.make, max_turns=MAX_TURNS, saver=saver
+            )
+            await saver.finished(ep)
+        finally:
+            runner.shutdown()
+
+    asyncio.run(play(0))
+    asyncio.run(play(1))
+    return {0: next(p for p in saves[0] if p.turns == 2), 1: saves[1][-1]}
+
+
+def test_node_resumes_saved_episodes_of_a_handed_back_lease(tmp_path):
+    recipe = make_recipe(
+        tmp_path,
+        policies={"policy": {"model": "builtin:tiny-arith", "trainable": False}},
+        tasks={
+            "env": "astraflow/MathMultiTurn-v0",
+            "group_size": 2,
+            "epochs": 1,
+            "sets": [{"name": "arith", "limit": 1}],
+        },
+        workflow={"name": "single_agent", "roles": {"agent": "policy"}, "max_turns": MAX_TURNS},
+    )
+    with (
+        ThreadedService(recipe, tmp_path / "df.db") as svc,
+        SyncDataflowClient(svc.url, TOKEN, retries=0) as client,
+    ):
+        dead = client.register(policies={"policy": 3}, name="dead").node_id
+        (lease,) = client.lease(node_id=dead, max_tasks=1, versions={"policy": 3}).leases
+        saved = _saved_by_first_node(lease.task)
+        assert saved[1].finished is not None and saved[0].finished is None
+        stored = client.save_partials(
+            node_id=dead, lease_id=lease.id, partials=list(saved.values())
+        )
+        assert stored.accepted and stored.stored == 2
+        client.release(dead, [lease.id])  # handed back (a drain), as an expiry would
+
+        policy = _policy("beta", 9)
+        registry = default_registry()
+        state: dict = {}
+
+        def run_node() -> None:
+            async def main():
+                state["loop"] = asyncio.get_running_loop()
+                async with DataflowClient(svc.url, TOKEN, retries=1) as dc:
+                    state["node"] = RolloutNode(
+                        dc,
+                        {"policy": policy},
+                        default_workflows().get,
+                        lambda env_id, kw: registry.make(env_id, **kw),
+                        NodeSettings(
+                            concurrency=2,
+                            roles={"agent": "policy"},
+                            workflow_kwargs={"max_turns": MAX_TURNS},
+                            lease_wait_s=2.0,
+                            drain_timeout_s=5.0,
+                        ),
+                    )
+                    await state["node"].run()
+
+            asyncio.run(main())
+
+        thread = threading.Thread(target=run_node, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not any(t.state == "done" for t in svc.service.store.call(history.tasks)):
+            assert time.monotonic() < deadline and thread.is_alive(), "the task never finished"
+            time.sleep(0.05)
+        state["loop"].call_soon_threadsafe(state["node"].request_stop)
+        thread.join(30)
+        assert not thread.is_alive()
+
+        (task,) = svc.service.store.call(history.tasks)
+        episodes = [
+            e for e in svc.service.store.call(history.episodes) if e.lease_id == task.winner
+        ]
+        assert len(episodes) == 2
+        # episode 1 pushed exactly as the first node saved it; episode 0 resumed at turn 2
+        finished = next(e for e in episodes if e.id == saved[1].finished.id)
+        assert finished.info["metrics"] == saved[1].finished.metrics
+        (resumed,) = [e for e in episodes if e.id != saved[1].finished.id]
+        assert resumed.info["metrics"]["resumed_turns"] == 2
+        assert resumed.info["metrics"]["turns"] == MAX_TURNS
+        assert policy.engine.calls == MAX_TURNS - 2  # only episode 0's last two turns
+        assert svc.service.store.call(history.partials) == []
