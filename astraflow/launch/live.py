@@ -143,6 +143,7 @@ def render(st: DataflowStatus, tail: MetricsTail | None = None) -> Group:
         f"episodes {st.episodes} ({st.episodes_per_s:.2f}/s)  "
         f"tasks done {st.tasks_done}  in-flight leases {st.in_flight_leases}"
         f"  expired {st.expired_leases}"
+        + (f"  saved episodes {st.saved_episodes}" if st.saved_episodes else "")
     )
     header.append(
         "\nqueue: " + (", ".join(f"{k} {v}" for k, v in sorted(st.queue.items())) or "empty")

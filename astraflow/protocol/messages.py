@@ -58,6 +58,7 @@ NODE_METRIC_KEYS = frozenset(
         "weight_load_s",
         "weight_sync_s",
         "weight_sync_s_mean",
+        "episode_saves",
     }
 )
 

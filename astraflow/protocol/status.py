@@ -129,6 +129,11 @@ class DataflowStatus(StatusModel):
         default=0, description="Active leases of training tasks (one group each)"
     )
     expired_leases: int
+    saved_episodes: int = Field(
+        default=0,
+        description="Episodes saved in flight (POST /partials) of tasks not done yet: what a "
+        "node's death or drain hands to the task's next lease instead of playing it again",
+    )
     tasks_done: int
     episodes: int
     episodes_per_s: float

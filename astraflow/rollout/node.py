@@ -78,6 +78,7 @@ class NodeStats:
             "weight_load_s": self.weight_load_s,
             "weight_sync_s": self.weight_fetch_s + self.weight_load_s,
             "weight_sync_s_mean": self.weight_sync_s_total / max(self.weight_updates, 1),
+            "episode_saves": self.checkpoints,
         }
 
 
@@ -248,6 +249,11 @@ class RolloutNode:
 
     async def _drain(self) -> None:
         """Finish in-flight groups within the drain timeout; release what is left.
+
+        While draining, every episode of a resumable workflow saves each turn it finishes
+        (``EpisodeSaver``'s ``force``), so what the timeout cuts is handed back at its last turn:
+        the node that takes the task over resumes it there (``rollout.checkpoint_after_s`` only
+        sets how often episodes are saved while the node is not draining).
 
         Groups already being pushed are always awaited: cancelling a push whose request may have
         landed would leave the node unsure whether its episodes were taken."""
@@ -652,7 +658,13 @@ class RolloutNode:
         async def send(partial: PartialEpisode) -> bool:
             return await self._save_partial(lease.id, partial)
 
-        return EpisodeSaver(index, saved.get(index), self.settings.checkpoint_after_s, send)
+        return EpisodeSaver(
+            index,
+            saved.get(index),
+            self.settings.checkpoint_after_s,
+            send,
+            force=self._stopping.is_set,  # a drain saves every finished turn (see _drain)
+        )
 
     async def _save_partial(self, lease_id: str, partial: PartialEpisode) -> bool:
         """Hand one saved episode to the service; a failure costs only the save (never raises)."""

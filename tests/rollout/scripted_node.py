@@ -26,6 +26,7 @@ def main() -> int:
     parser.add_argument("--reply", default="no idea")
     parser.add_argument("--version", type=int, default=0)
     parser.add_argument("--concurrency", type=int, default=None)
+    parser.add_argument("--drain-timeout", type=float, default=60.0)
     parser.add_argument(
         "--calls-log", default=None, help="append a line per generation here (turns generated)"
     )
@@ -51,7 +52,11 @@ def main() -> int:
 
     rollout_main.build_policies = build
     opts = rollout_main.NodeOptions(
-        join=args.join, token=args.token, name=args.name, concurrency=args.concurrency
+        join=args.join,
+        token=args.token,
+        name=args.name,
+        concurrency=args.concurrency,
+        drain_timeout_s=args.drain_timeout,
     )
     return rollout_main.run_node(opts)
 

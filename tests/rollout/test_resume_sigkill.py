@@ -11,6 +11,10 @@ Checked on the store through ``storage.history``: B won A's task, none of its ep
 task started from scratch (each resumed from exactly the turn saved), and the samples buffered
 for training carry A's saved turns (tokens, log-probs, loss mask, versions) unchanged, followed
 by B's turns only.
+
+A node that leaves on purpose (SIGTERM: an operator, the autoscaler's shrink) hands its episodes
+back the same way with periodic saves off: while it drains, every finished turn is saved, and
+what the drain timeout cuts is released at its last turn.
 """
 
 from __future__ import annotations
@@ -44,9 +48,9 @@ MAX_TURNS = 6
 A_VERSION, B_VERSION = 3, 8
 
 
-def _scripted(tmp_path, df, name, reply, version):
+def _scripted(tmp_path, df, name, reply, version, *extra):
     return start_node(
-        tmp_path, df.url, name, "--reply", reply, "--version", str(version),
+        tmp_path, df.url, name, "--reply", reply, "--version", str(version), *extra,
         runner=[sys.executable, str(REPO / "tests/rollout/scripted_node.py")],
     )  # fmt: skip
 
@@ -148,3 +152,59 @@ def test_sigkilled_nodes_episodes_finish_elsewhere_from_their_saved_turn(tmp_pat
         )
     # every task is done: nothing is kept to resume
     assert df.read(history.partials) == []
+
+
+def test_drained_node_hands_its_episodes_back_at_their_last_turn(tmp_path, procs):
+    """Periodic saves off (``checkpoint_after_s`` unset): SIGTERM A while it plays 12-turn
+    episodes, with a drain timeout far shorter than an episode. A saves each turn it finishes
+    while draining, releases its leases and exits 0; B resumes every one of those episodes from
+    A's last saved turn, none from scratch."""
+    max_turns = 12
+    df = Dataflow(
+        tmp_path / "df",
+        multi_turn_recipe(
+            tmp_path / "runs",
+            "drain",
+            group=GROUP,
+            n_tasks=N_TASKS,
+            max_turns=max_turns,
+            checkpoint_after_s=None,
+        ),
+    )
+    procs.append(df)
+    a = _scripted(tmp_path, df, "A", "alpha", A_VERSION, "--drain-timeout", "2")
+    procs.append(a)
+    a_id = wait_for("A registered", lambda: df.node("A"), timeout=60)["id"]
+
+    def a_leases():
+        return [lease for lease in df.read(history.leases) if lease.node_id == a_id]
+
+    wait_for("A holding leases", lambda: [x for x in a_leases() if x.state == "active"])
+    time.sleep(1.0)  # a turn or two into its episodes (0.4 s of env latency per turn)
+    assert df.read(history.partials) == []  # nothing saved before the drain
+    a.signal(signal.SIGTERM)
+    assert a.wait(30) == 0
+    released = [x for x in a_leases() if x.state == "released"]
+    assert released, [x.state for x in a_leases()]
+    saved = {(r.task_id, r.index): r.partial.turns for r in df.read(history.partials)}
+    for lease in released:
+        assert {i for t, i in saved if t == lease.task_id} == set(range(GROUP))
+    assert all(turns >= 1 for turns in saved.values())
+    assert df.status()["saved_episodes"] == len(saved)
+
+    b = _scripted(tmp_path, df, "B", "beta", B_VERSION)
+    procs.append(b)
+    wait_for("every task done", lambda: df.status()["tasks_done"] == N_TASKS, timeout=150)
+    tasks = {t.id: t for t in df.read(history.tasks)}
+    leases = {lease.id: lease for lease in df.read(history.leases)}
+    episodes = df.read(history.episodes)
+    for lease in released:
+        winner = tasks[lease.task_id].winner
+        assert leases[winner].node_id == node_id(df, "B")
+        resumed = sorted(
+            int(e.info["metrics"]["resumed_turns"]) for e in episodes if e.lease_id == winner
+        )
+        want = sorted(turns for (t, _), turns in saved.items() if t == lease.task_id)
+        assert resumed == want and all(r >= 1 for r in resumed)
+    assert df.read(history.partials) == []
+    assert df.status()["saved_episodes"] == 0

@@ -120,6 +120,30 @@ def test_saver_is_due_once_the_episode_ran_long_enough_then_at_most_once_per_per
     assert carried.due()
 
 
+def test_a_draining_node_saves_every_finished_turn_even_with_periodic_saves_off():
+    """``force`` (the node is draining): each finished turn is saved whatever ``after_s`` says,
+    so a drain cut by its timeout hands back its episodes at their last turn."""
+    draining = [False]
+    saved: list[PartialEpisode] = []
+
+    async def send(partial: PartialEpisode) -> bool:
+        saved.append(partial)
+        return True
+
+    saver = EpisodeSaver(0, after_s=None, send=send, force=lambda: draining[0])
+    assert not saver.enabled and not saver.due()
+    draining[0] = True
+    assert saver.enabled and saver.due()
+    episode = _play(_engine("7", version=2), saver, max_turns=3)
+    assert episode.finish_reason == "truncated"
+    assert [p.turns for p in saved] == [1, 2]  # the third turn ends the episode: pushed whole
+    # not draining: after_s=None saves nothing, as before
+    quiet, kept = _saving()
+    quiet.after_s = None
+    _play(_engine("7", version=2), quiet, max_turns=3)
+    assert kept == []
+
+
 def _resumable(elapsed_s: float) -> PartialEpisode:
     saver, saved = _saving()
     _play(_engine("7", version=1), saver, max_turns=2)

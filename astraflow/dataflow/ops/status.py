@@ -163,6 +163,7 @@ def build(ctx: Context, tx: Tx) -> DataflowStatus:
         in_flight_leases=lease_counts.get("active", 0),
         training_in_flight=storage.leases.in_flight_training(tx),
         expired_leases=lease_counts.get("expired", 0),
+        saved_episodes=storage.partials.count(tx),
         tasks_done=storage.tasks.done_training_count(tx),
         episodes=storage.episodes.count(tx),
         episodes_per_s=total_recent / THROUGHPUT_WINDOW_S,

@@ -52,6 +52,11 @@ def delete_of_task(tx: Tx, task_id: str) -> None:
     tx.execute("DELETE FROM partials WHERE task_id = ?", (task_id,))
 
 
+def count(tx: Tx) -> int:
+    """Saved episodes of tasks not done yet (``/status``'s ``saved_episodes``)."""
+    return int(tx.scalar("SELECT COUNT(*) FROM partials", default=0))
+
+
 def all_rows(tx: Tx) -> list[PartialRow]:
     """Every saved episode (tools and tests, through ``history.partials``)."""
     return [

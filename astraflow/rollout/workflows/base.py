@@ -107,6 +107,11 @@ class EpisodeSaver:
     saved, and an episode costs at most one save per ``checkpoint_after_s``. An episode whose env
     cannot save its state (no ``state_dict``) is never saved: it would be played from the start
     anyway.
+
+    ``force`` (the node's "draining" flag): while it is true, every finished turn is saved,
+    whatever ``after_s`` says (None included), so a node that is drained (SIGTERM, the
+    autoscaler's shrink) hands back its unfinished episodes at their last turn when the drain
+    timeout cuts them, instead of throwing their turns away.
     """
 
     def __init__(
@@ -116,12 +121,14 @@ class EpisodeSaver:
         after_s: float | None = None,
         send: SendPartial | None = None,
         clock: Callable[[], float] = time.monotonic,
+        force: Callable[[], bool] | None = None,
     ) -> None:
         self.index = index
         self.resume = resume
         self.after_s = after_s
         self._send = send
         self._clock = clock
+        self._force = force
         self._started = clock() - (resume.elapsed_s if resume is not None else 0.0)
         self._last: float | None = None
         #: saves handed to the service (accepted or not)
@@ -129,7 +136,10 @@ class EpisodeSaver:
 
     @property
     def enabled(self) -> bool:
-        return self.after_s is not None and self._send is not None
+        return self._send is not None and (self.after_s is not None or self._forced())
+
+    def _forced(self) -> bool:
+        return self._force is not None and self._force()
 
     def elapsed(self) -> float:
         """Seconds this episode has run, on this node and on those that saved it before."""
@@ -138,6 +148,9 @@ class EpisodeSaver:
     def due(self) -> bool:
         if not self.enabled:
             return False
+        if self._forced():
+            return True
+        assert self.after_s is not None  # enabled and not forced
         now = self._clock()
         if now - self._started < self.after_s:
             return False
