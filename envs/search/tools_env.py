@@ -82,6 +82,16 @@ class SearchToolsEnv(ToolEnv):
         self.tool_calls = 0
         return obs, {**info, "tools": self.tool_schemas}
 
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "searches": int(self.searches)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        searches = state.get("searches", 0)
+        if isinstance(searches, bool) or not isinstance(searches, int) or searches < 0:
+            raise ValueError(f"SearchToolsEnv: saved searches {searches!r} is not a count")
+        self.searches = searches
+
     def _score(self, answer: str) -> tuple[float, dict[str, Any]]:
         em, f1 = best_scores(answer, self.search_env._golds)
         reward = em if self.search_env.reward == "em" else f1

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 from astraflow.tools.calls import ParsedTurn, ToolCall
 from astraflow.tools.schema import FunctionTool, load_tools
-from envs.base import TaskError, TextEnv
+from envs.base import StateMixin, TaskError, TextEnv
 
 #: ``reward(answer, task) -> float | bool`` for ToolEnv's ``reward`` kwarg.
 RewardFn = Callable[[str, dict[str, Any]], Any]
@@ -79,8 +79,14 @@ def _load_reward(ref: str | RewardFn) -> RewardFn:
     return _import(ref) if isinstance(ref, str) else ref
 
 
-class ToolEnv(TextEnv):
-    """Tools are Python functions; the final answer is scored by ``reward`` or ``score_env``."""
+class ToolEnv(StateMixin, TextEnv):
+    """Tools are Python functions; the final answer is scored by ``reward`` or ``score_env``.
+
+    Saves its state between turns (the task, the turn, the calls made so far), so a tool episode
+    resumes on another node (``tool_agent``, docs/elastic.md). That assumes what the tools did is
+    not part of the episode's state: true of pure functions (a calculator, a lookup) and of
+    read-only services; a tool that changes the world an episode later reads back needs an env
+    whose state holds that world, or one that does not save (``MCPEnv``)."""
 
     family: ClassVar[str] = "tools"
     description: ClassVar[str] = (
@@ -142,6 +148,16 @@ class ToolEnv(TextEnv):
         if self.system_prompt:
             info["system_prompt"] = self.system_prompt
         return task["question"], info
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "tool_calls": int(self.tool_calls)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        calls = state.get("tool_calls", 0)
+        if isinstance(calls, bool) or not isinstance(calls, int) or calls < 0:
+            raise ValueError(f"ToolEnv: saved tool_calls {calls!r} is not a count")
+        self.tool_calls = calls
 
     # ------------------------------------------------------------------ running calls
     def _prepare(self, call: ToolCall) -> tuple[FunctionTool, dict[str, Any]] | str:

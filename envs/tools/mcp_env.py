@@ -148,7 +148,15 @@ def _schema(tool: Any) -> dict[str, Any]:
 
 
 class MCPEnv(ToolEnv):
-    """Function calling over an MCP server's tools (stdio or streamable HTTP)."""
+    """Function calling over an MCP server's tools (stdio or streamable HTTP).
+
+    Does not save its state (``state_dict`` is None): what the server's tools did lives on the
+    server, out of the env's reach, so an episode whose node dies is played again from the start
+    (docs/elastic.md)."""
+
+    #: the optional state contract is switched off (see the class docstring)
+    state_dict = None  # type: ignore[assignment]
+    load_state_dict = None  # type: ignore[assignment]
 
     description: ClassVar[str] = (
         "Function calling over the tools of any MCP server (stdio command or streamable HTTP URL)"

@@ -89,3 +89,33 @@ def test_async_env_saves_through_the_latency_wrapper_and_not_for_other_envs():
             runner.shutdown()
 
     asyncio.run(main())
+
+
+def test_tool_envs_resume_with_their_call_counts():
+    """``Tools-v0`` and ``SearchTools-v0`` save the task, the turn and what they count (tool
+    calls, searches), so a resumed episode reports the counts of the whole episode."""
+    from pathlib import Path
+
+    from astraflow.tools.calls import ToolCall
+    from envs.search.tools_env import SearchToolsEnv
+    from envs.tools.env import ToolEnv
+
+    calc = Path(__file__).resolve().parents[1] / "tools" / "calc_tools.py"
+    env = ToolEnv(tools=[f"{calc}:calculator"], max_turns=3)
+    env.reset(options={"task": {"question": "What is 2*3?", "answer": "6"}})
+    env.step([ToolCall(id="c1", name="calculator", arguments={"expression": "2*3"})])
+    fresh = ToolEnv(tools=[f"{calc}:calculator"], max_turns=3)
+    fresh.load_state_dict(_moved(env))
+    assert (fresh.turn, fresh.tool_calls) == (1, 1)
+    _, reward, terminated, _, info = fresh.step("6")
+    assert (reward, terminated, info["tool_calls"]) == (1.0, True, 1)
+    with pytest.raises(ValueError, match="tool_calls"):
+        ToolEnv(max_turns=3).load_state_dict({**_moved(env), "tool_calls": -1})
+
+    search = SearchToolsEnv(max_turns=3)
+    search.reset(seed=0)
+    search.step([ToolCall(id="s1", name="search", arguments={"query": "capital"})])
+    again = SearchToolsEnv(max_turns=3)
+    again.load_state_dict(_moved(search))
+    assert (again.turn, again.tool_calls, again.searches) == (1, 1, 1)
+    assert again.task == search.task

@@ -103,3 +103,48 @@ def test_a_forced_tool_choice_prefills_the_first_call_only():
     start = len(engine.prompts[0]) - len(tok.encode(opening))
     assert traj.loss_mask[start : len(engine.prompts[0])] == [0] * len(tok.encode(opening))
     assert not tok.decode(engine.prompts[1]).endswith(opening)
+
+
+def test_a_saved_tool_episode_resumes_on_another_engine_from_its_saved_turn():
+    """``tool_agent`` saves after each tool turn (``Tools-v0`` saves its state); a second engine
+    resumes from the save: the first engine's call, tool result, log-probs and versions are kept
+    token for token, only the answer is generated there, and the env goes on from its turn (the
+    call counted once, the answer scored)."""
+    from astraflow.protocol import MSGPACK, PartialEpisode, decode, encode
+    from astraflow.rollout.workflows.base import EpisodeSaver
+
+    saved: list[PartialEpisode] = []
+
+    async def send(partial: PartialEpisode) -> bool:
+        saved.append(decode(PartialEpisode, encode(partial), MSGPACK))  # as the service keeps it
+        return True
+
+    first = ReplyEngine([CALL, CALL, "wrong"])
+    played = run(first, TASK, saver=EpisodeSaver(0, after_s=0.0, send=send))
+    assert played.metrics["tool_calls"] == 2.0 and [p.turns for p in saved] == [1, 2]
+    at_one = saved[0]
+    assert at_one.env_state["tool_calls"] == 1
+
+    second = ReplyEngine(["56088"])
+    second.version = 9
+    ep = run(second, TASK, saver=EpisodeSaver(0, resume=at_one))
+    assert ep.finish_reason == "terminated" and ep.rewards == {"agent": 1.0}
+    assert ep.metrics["resumed_turns"] == 1.0 and ep.metrics["tool_calls"] == 1.0
+    assert ep.info["tool_calls"] == 1  # the env went on from its saved count
+    (before,) = at_one.trajectories
+    (traj,) = ep.trajectories
+    n = len(before.tokens)
+    assert traj.tokens[:n] == before.tokens and traj.versions[:n] == before.versions
+    assert traj.logprobs[:n] == before.logprobs and traj.loss_mask[:n] == before.loss_mask
+    assert second.prompts == [before.tokens]  # one generation, on the saved sequence
+    assert {v for v, m in zip(traj.versions[n:], traj.loss_mask[n:], strict=True) if m} == {9}
+
+
+def test_an_mcp_env_does_not_save_its_state():
+    """What an MCP server's tools did lives on the server: ``MCP-v0`` opts out of saving, so the
+    node plays its episodes again rather than resuming them against a world it cannot restore."""
+    from astraflow.rollout.env_runner import _state_holder
+    from envs.tools.mcp_env import MCPEnv
+
+    env = MCPEnv(server={"command": sys.executable, "args": ["-c", "pass"]})
+    assert _state_holder(env) is None

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from astraflow.protocol import Episode, Task, Trajectory
 from astraflow.rollout.workflows import budget
@@ -26,6 +26,7 @@ from astraflow.rollout.workflows.base import EnvFactory, EpisodeSaver, RolePolic
 from astraflow.rollout.workflows.tokens import ChatRenderer, check_turn_messages
 
 log = logging.getLogger("astraflow.rollout.workflows")
+T = TypeVar("T")
 
 
 class TurnRecorder:
@@ -155,9 +156,9 @@ async def single_agent(
     try:
         renderer = ChatRenderer(agent.tokenizer, system=system_prompt)
         t0 = time.perf_counter()
-        resumed = await _resume(saver, env)
+        resumed = await resume_saved(saver, env, _read_state)
         if resumed is not None:
-            rec, turn_rewards, info, first_turn = resumed
+            rec, (turn_rewards, info), first_turn = resumed
         else:
             obs, info = await env.reset(seed=None, options={"task": task.payload})
             # An env may open with chat turns of its own (a benchmark's few-shot dialogue).
@@ -235,12 +236,19 @@ async def single_agent(
         await env.close()
 
 
-async def _resume(
-    saver: EpisodeSaver | None, env: Any
-) -> tuple[TurnRecorder, list[float], dict[str, Any], int] | None:
-    """(recorder, turn rewards, last info, next turn) of the episode's saved turns, the env put
+def _read_state(state: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:
+    """``single_agent``'s own part of a save: the turn rewards so far and the last env info."""
+    return [float(r) for r in state["turn_rewards"]], dict(state.get("info") or {})
+
+
+async def resume_saved(
+    saver: EpisodeSaver | None, env: Any, read: Callable[[dict[str, Any]], T]
+) -> tuple[TurnRecorder, T, int] | None:
+    """(recorder, ``read(workflow_state)``, next turn) of the episode's saved turns, the env put
     back into its saved state; None when there is nothing to resume (or it cannot be: an env
-    without ``load_state_dict``, a malformed save), and the episode starts afresh."""
+    without ``load_state_dict``, a malformed save, including a ``KeyError``, ``TypeError`` or
+    ``ValueError`` from the workflow's own ``read``), and the episode starts afresh. Shared by the
+    resumable workflows (``single_agent``, ``tool_agent``)."""
     partial = saver.resume if saver is not None else None
     if partial is None or partial.finished is not None:
         return None
@@ -251,13 +259,12 @@ async def _resume(
         (traj,) = partial.trajectories
         state = partial.workflow_state
         rec = TurnRecorder.restore(traj, state["recorder"])
-        turn_rewards = [float(r) for r in state["turn_rewards"]]
-        info = dict(state.get("info") or {})
+        own = read(state)
         await env.load_state_dict(partial.env_state)
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         log.warning("episode %d: saved turns not resumed (%s); playing it afresh", saver.index, exc)
         return None
-    return rec, turn_rewards, info, partial.turns
+    return rec, own, partial.turns
 
 
 def _jsonable(info: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,11 @@ tool name, or ``"required"``; the call's opening is prefilled as context (the wh
 without parameters, see :func:`astraflow.tools.chat.forced_call_prefix`), later turns are free. It
 lets a policy that has not learnt to call tools yet still exercise them.
 
+Resumable (``saver``, see :class:`~astraflow.rollout.workflows.base.EpisodeSaver`): after each
+tool turn the episode can be saved (the sequence so far, the env's state, the tools offered) and
+goes on from there on another node, when the env saves its state (``Tools-v0`` does; an MCP
+server's world cannot be saved, so ``MCP-v0`` episodes are played again).
+
 How an episode ends (``finish_reason``): ``terminated`` (the env scored the answer),
 ``truncated`` (the env's turn limit), ``turn_limit`` (``max_turns`` without an answer), ``length``
 (the sequence reached ``min(max_total_tokens, engine context - 1)``: the next tool results are not
@@ -30,9 +35,20 @@ from dataclasses import replace
 from typing import Any
 
 from astraflow.protocol import Episode, Task
-from astraflow.rollout.workflows.base import EnvFactory, RolePolicy, WorkflowError, WorkflowSpec
+from astraflow.rollout.workflows.base import (
+    EnvFactory,
+    EpisodeSaver,
+    RolePolicy,
+    WorkflowError,
+    WorkflowSpec,
+)
 from astraflow.rollout.workflows.budget import context_limit
-from astraflow.rollout.workflows.single_agent import TurnRecorder, _jsonable, sampling_for
+from astraflow.rollout.workflows.single_agent import (
+    TurnRecorder,
+    _jsonable,
+    resume_saved,
+    sampling_for,
+)
 from astraflow.rollout.workflows.tokens import ChatRenderer
 from astraflow.tools.calls import INVALID_TOOL_CALL
 from astraflow.tools.chat import forced_call_prefix
@@ -48,6 +64,7 @@ async def tool_agent(
     max_total_tokens: int = 4096,
     system_prompt: str | None = None,
     tool_choice: str | None = None,
+    saver: EpisodeSaver | None = None,
     **env_kwargs: Any,
 ) -> Episode:
     if "agent" not in policies:
@@ -61,21 +78,28 @@ async def tool_agent(
     calls_made = invalid = 0
     try:
         t0 = time.perf_counter()
-        obs, info = await env.reset(seed=None, options={"task": task.payload})
+        resumed = await resume_saved(saver, env, _read_state)
+        if resumed is not None:
+            rec, saved, first_turn = resumed
+            total_reward, calls_made, invalid, tools, system, end_info = saved
+            prefill = ""  # a forced call is the first turn's, played before the save
+        else:
+            obs, info = await env.reset(seed=None, options={"task": task.payload})
+            tools = info.get("tools") or None
+            system = system_prompt or info.get("system_prompt")
+            total_reward, first_turn, end_info = 0.0, 0, {}
         env_s += time.perf_counter() - t0
-        tools = info.get("tools") or None
-        renderer = ChatRenderer(tok, system=system_prompt or info.get("system_prompt"), tools=tools)
-        rec = TurnRecorder("agent", renderer.prompt_ids(obs, info.get("messages")))
+        renderer = ChatRenderer(tok, system=system, tools=tools)
+        if resumed is None:
+            rec = TurnRecorder("agent", renderer.prompt_ids(obs, info.get("messages")))
+            try:
+                prefill = forced_call_prefix(parser, tools or [], tool_choice)
+            except ValueError as exc:
+                raise WorkflowError(f"workflow.kwargs.tool_choice: {exc}") from None
         budget = context_limit(agent.engine, max_total_tokens)
         params = sampling_for(task, agent)
-        try:
-            prefill = forced_call_prefix(parser, tools or [], tool_choice)
-        except ValueError as exc:
-            raise WorkflowError(f"workflow.kwargs.tool_choice: {exc}") from None
-        total_reward = 0.0
         finish = "turn_limit"
-        end_info: dict[str, Any] = {}
-        for _turn in range(max_turns):
+        for index in range(first_turn, max_turns):
             if prefill:  # a forced first call: its opening is given, not generated
                 rec.add_context(tok.encode(prefill, add_special_tokens=False))
             room = budget - len(rec.tokens)
@@ -117,7 +141,32 @@ async def tool_agent(
                 finish = "length"
                 break
             rec.add_context(feedback)
-        end_info = {k: v for k, v in end_info.items() if k != "tool_messages"}
+            if saver is not None:
+
+                async def snapshot(
+                    done: int = index + 1,
+                    last: dict = end_info,
+                    reward_so_far: float = total_reward,
+                    calls: int = calls_made,
+                    bad: int = invalid,
+                ) -> dict[str, Any]:
+                    return {
+                        "turns": done,
+                        "trajectories": [rec.trajectory()],
+                        "env_state": await env.state_dict(),
+                        "workflow_state": {
+                            "recorder": rec.state(),
+                            "total_reward": reward_so_far,
+                            "tool_calls": calls,
+                            "invalid_tool_calls": bad,
+                            "tools": tools,
+                            "system": system,
+                            "info": _jsonable(_without_messages(last)),
+                        },
+                    }
+
+                await saver.turn_done(snapshot)
+        end_info = _without_messages(end_info)
         return Episode(
             task_id=task.id,
             trajectories=[rec.trajectory()],
@@ -132,10 +181,36 @@ async def tool_agent(
                 "tokens": float(len(rec.tokens)),
                 "tool_calls": float(calls_made),
                 "invalid_tool_calls": float(invalid),
+                # turns played by an earlier node and resumed here, not played again
+                "resumed_turns": float(first_turn),
             },
         )
     finally:
         await env.close()
+
+
+def _without_messages(info: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in info.items() if k != "tool_messages"}
+
+
+def _read_state(state: dict[str, Any]):
+    """``tool_agent``'s own part of a save (see :func:`resume_saved`)."""
+    tools = state["tools"]
+    if tools is not None and not (
+        isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+    ):
+        raise TypeError(f"saved tools must be a list of schemas, got {type(tools).__name__}")
+    system = state["system"]
+    if system is not None and not isinstance(system, str):
+        raise TypeError(f"saved system prompt must be a string, got {type(system).__name__}")
+    return (
+        float(state["total_reward"]),
+        int(state["tool_calls"]),
+        int(state["invalid_tool_calls"]),
+        tools,
+        system,
+        dict(state.get("info") or {}),
+    )
 
 
 SPEC = WorkflowSpec(
@@ -143,4 +218,5 @@ SPEC = WorkflowSpec(
     tool_agent,
     ("agent",),
     "One policy calling the env's tools (function calling), token-exact over turns",
+    resumable=True,
 )
