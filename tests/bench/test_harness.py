@@ -7,7 +7,6 @@ training run is needed. The benchmarks themselves (``tests/bench/vs_trl.py``,
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -154,7 +153,7 @@ def test_dataflow_times_come_from_the_last_run_summary_record():
 
 
 @pytest.mark.slow
-def test_run_subprocess_stops_the_whole_process_group_on_timeout(tmp_path):
+def test_run_subprocess_stops_the_whole_process_group_on_timeout(tmp_path, still_running):
     pid_file = tmp_path / "child.pid"
     script = (
         "import subprocess, sys, time\n"
@@ -169,20 +168,11 @@ def test_run_subprocess_stops_the_whole_process_group_on_timeout(tmp_path):
     assert outcome.timed_out and time.time() - started < 60
     child = int(pid_file.read_text())
     deadline = time.time() + 10
-    while time.time() < deadline and _alive(child):
+    while time.time() < deadline and still_running({"child": child}):
         time.sleep(0.1)
-    assert not _alive(child), "a grandchild in the run's process group survived the timeout"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie whose parent is gone counts as dead
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
+    assert not still_running({"child": child}), (
+        "a grandchild in the run's process group survived the timeout"
+    )
 
 
 def test_write_json_serialises_results(tmp_path):

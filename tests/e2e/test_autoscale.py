@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -49,17 +50,6 @@ LOAD = [
 ]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
 def train_autoscaled(tmp_path: Path, *extra: str) -> Path:
     """``astraflow train`` with :data:`LOAD` (and ``extra``); the run directory."""
     sets = []
@@ -74,11 +64,13 @@ def train_autoscaled(tmp_path: Path, *extra: str) -> Path:
     return tmp_path / "quickstart"
 
 
-def test_pool_grows_under_load_then_drains_a_node_and_loses_nothing(tmp_path):
-    check_grew_then_drained(train_autoscaled(tmp_path))
+def test_pool_grows_under_load_then_drains_a_node_and_loses_nothing(tmp_path, still_running):
+    check_grew_then_drained(train_autoscaled(tmp_path), still_running)
 
 
-def check_grew_then_drained(run_dir: Path) -> None:
+def check_grew_then_drained(
+    run_dir: Path, still_running: Callable[[Mapping[str, int]], list[str]]
+) -> None:
     log = [json.loads(line) for line in (run_dir / "autoscale.jsonl").read_text().splitlines()]
     changes = [r for r in log if r.get("decision") in ("grow", "shrink")]
     kinds = [r["decision"] for r in changes]
@@ -92,7 +84,7 @@ def check_grew_then_drained(run_dir: Path) -> None:
     # the grown nodes were started as the launcher's own, with new names, and recorded
     pids = json.loads((run_dir / "pids.json").read_text())
     assert set(grown) <= set(pids) and all(n not in ("node-0",) for n in grown)
-    assert not [n for n, pid in pids.items() if pid and _alive(pid)]  # nothing outlives the run
+    assert not still_running(pids)  # nothing outlives the run
     # a drained node left cleanly: exit 0, deregistered, and it was never restarted
     left = {r["node"]: r["returncode"] for r in log if r.get("event") == "left"}
     assert drained and set(drained) <= set(left) and all(left[n] == 0 for n in drained), left

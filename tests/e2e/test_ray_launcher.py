@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_train_e2e import _alive, _assert_exact_timeline, _start, _wait_for_step
+from test_train_e2e import _assert_exact_timeline, _start, _wait_for_step
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
@@ -47,7 +47,7 @@ def ray_address():
 
 
 @pytest.mark.slow
-def test_quickstart_on_ray_survives_a_killed_trainer_actor(ray_address, tmp_path):
+def test_quickstart_on_ray_survives_a_killed_trainer_actor(ray_address, tmp_path, still_running):
     """Quickstart with the Ray launcher: the rollout node lands on the second Ray node by its
     label (the dataflow and trainer off it by the same label), the trainer's actor is SIGKILLed once mid-run and restarted (resuming from its
     checkpoint), and the run ends with steps 1..12 trained once each."""
@@ -92,12 +92,12 @@ def test_quickstart_on_ray_survives_a_killed_trainer_actor(ray_address, tmp_path
     ]
     _assert_exact_timeline(run_dir, max_steps=12)
     pids = json.loads((run_dir / "pids.json").read_text())
-    gone = [info["actor_pid"] for info in actors.values()] + list(pids.values())
-    assert [pid for pid in gone if _alive(pid)] == []
+    gone = {f"actor {name}": info["actor_pid"] for name, info in actors.items()}
+    assert still_running({**gone, **pids}) == []
 
 
 @pytest.mark.slow
-def test_autoscaled_pool_on_ray_grows_and_drains_node_actors(ray_address, tmp_path):
+def test_autoscaled_pool_on_ray_grows_and_drains_node_actors(ray_address, tmp_path, still_running):
     """The autoscaler on the Ray launcher: grown nodes are node actors placed like the
     launcher's own, a shrink drains one through its actor (SIGTERM to its process), and the run
     passes the local test's checks (grew, then drained cleanly, nothing lost)."""
@@ -109,7 +109,7 @@ def test_autoscaled_pool_on_ray_grows_and_drains_node_actors(ray_address, tmp_pa
         f"run.ray_address={ray_address}",
         "ray.rollout.num_cpus=0",  # the test cluster's CPUs need not fit every grown node
     )
-    check_grew_then_drained(run_dir)
+    check_grew_then_drained(run_dir, still_running)
     actors = json.loads((run_dir / "actors.json").read_text())
     log = [json.loads(line) for line in (run_dir / "autoscale.jsonl").read_text().splitlines()]
     grown = [n for r in log if r.get("decision") == "grow" for n in r["nodes"]]

@@ -44,18 +44,6 @@ def _train(
     )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is not running anything
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
 def _records(run_dir: Path, kind: str) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, filter(None, lines)) if r.get("type") == kind]
@@ -113,11 +101,11 @@ def test_every_task_consumed_once(quick_run):
     assert audit["samples_trained_twice"] == 0, audit
 
 
-def test_no_process_left(quick_run):
+def test_no_process_left(quick_run, still_running):
     run_dir, _ = quick_run
     pids = json.loads((run_dir / "pids.json").read_text())
     assert set(pids) == {"dataflow", "trainer-policy", "node-0"}
-    assert [name for name, pid in pids.items() if _alive(pid)] == []
+    assert still_running(pids) == []
 
 
 def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -199,7 +187,7 @@ def _assert_exact_timeline(run_dir: Path, max_steps: int) -> None:
     assert len(evals) == len(set(evals)) and set(evals) <= set(range(0, max_steps + 1))
 
 
-def test_dataflow_and_trainer_killed_mid_run_are_restarted(tmp_path):
+def test_dataflow_and_trainer_killed_mid_run_are_restarted(tmp_path, still_running):
     """SIGKILL the dataflow, then the trainer: the launcher restarts both (the dataflow from its
     store, the trainer from checkpoint-3 or -6, the steps after it replayed) and the run ends
     with exactly max_steps steps."""
@@ -220,9 +208,7 @@ def test_dataflow_and_trainer_killed_mid_run_are_restarted(tmp_path):
         ("crash", "trainer-policy"), ("restart", "trainer-policy"),
     ]  # fmt: skip
     _assert_exact_timeline(run_dir, max_steps=12)
-    assert [
-        n for n, pid in json.loads((run_dir / "pids.json").read_text()).items() if _alive(pid)
-    ] == []
+    assert still_running(json.loads((run_dir / "pids.json").read_text())) == []
 
 
 def test_resume_after_the_dataflow_killed_ends_at_max_steps(tmp_path):
@@ -233,7 +219,7 @@ def test_resume_after_the_dataflow_killed_ends_at_max_steps(tmp_path):
     _fail_then_resume(tmp_path / "quickstart", argv, proc, 5, "dataflow")
 
 
-def test_resume_after_trainer_killed(tmp_path):
+def test_resume_after_trainer_killed(tmp_path, still_running):
     """Kill the trainer mid-run with restarts off; `astraflow train --resume` continues from its
     checkpoint and replays the steps after it."""
     argv, proc = _start(tmp_path, "run.max_restarts=0", "evaluation.every_steps=0",
@@ -243,9 +229,7 @@ def test_resume_after_trainer_killed(tmp_path):
     # steps up to checkpoint-3 were kept; the ones after it were trained again on the same batches
     after = {r["step"]: r["batch_id"] for r in _records(run_dir, "step")}
     assert all(after[r["step"]] == r["batch_id"] for r in before)
-    assert [
-        n for n, pid in json.loads((run_dir / "pids.json").read_text()).items() if _alive(pid)
-    ] == []
+    assert still_running(json.loads((run_dir / "pids.json").read_text())) == []
 
 
 def test_astraflow_stop_ends_a_run_with_a_checkpoint_and_every_service_exiting_0(tmp_path):

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from test_train_e2e import (
-    _alive,
     _assert_exact_timeline,
     _kill_at_step,
     _records,
@@ -54,7 +53,7 @@ def test_quickstart_with_two_trainer_processes(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_process_trainer_killed_is_restarted_and_trains_each_step_once(tmp_path):
+def test_two_process_trainer_killed_is_restarted_and_trains_each_step_once(tmp_path, still_running):
     _, proc = _start(tmp_path, TWO, "run.restart_backoff_s=0.2", "run.max_steps=10",
                      "evaluation.every_steps=0")  # fmt: skip
     run_dir = tmp_path / "quickstart"
@@ -76,9 +75,10 @@ def test_two_process_trainer_killed_is_restarted_and_trains_each_step_once(tmp_p
         ("crash", "trainer-policy"), ("restart", "trainer-policy"),
     ]  # fmt: skip
     _assert_exact_timeline(run_dir, max_steps=10)
-    assert [pid for pid in ranks if _alive(pid)] == []  # the killed trainer's ranks died with it
+    # the killed trainer's ranks died with it
+    assert still_running({f"rank {i}": pid for i, pid in enumerate(ranks)}) == []
     pids = json.loads((run_dir / "pids.json").read_text())
-    assert [n for n, pid in pids.items() if _alive(pid)] == []
+    assert still_running(pids) == []
 
 
 def test_two_process_command_line(tmp_path):

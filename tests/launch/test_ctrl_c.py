@@ -18,14 +18,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
-def test_ctrl_c_stops_in_order_without_sigkill(tmp_path):
+def test_ctrl_c_stops_in_order_without_sigkill(tmp_path, still_running):
     sets = ["run.max_steps=500", "tasks.group_size=4", "policies.policy.trainer.groups_per_step=2",
             "rollout.concurrency=16", "evaluation.every_steps=0", "logging.report=false",
             f"run.output_dir={json.dumps(str(tmp_path))}"]  # fmt: skip
@@ -49,7 +42,7 @@ def test_ctrl_c_stops_in_order_without_sigkill(tmp_path):
     assert "stopping (Ctrl-C)" in out
     assert "run interrupted" in out and "all 3 services stopped cleanly" in out, out[-2000:]
     assert "SIGKILL" not in out and "services exited: {" not in out
-    assert not [name for name, pid in pids.items() if _alive(pid)]
+    assert not still_running(pids)
     # nodes gave their leases back rather than finishing them; the dataflow logged its shutdown
     node_log = (tmp_path / "quickstart" / "logs" / "node-0.log").read_text()
     assert "deregistered" in node_log
