@@ -202,20 +202,10 @@ async def single_agent(
                 break
             rec.add_context(feedback)
             if saver is not None:
-
-                async def snapshot(done: int = turn + 1, last: dict = info) -> dict[str, Any]:
-                    return {
-                        "turns": done,
-                        "trajectories": [rec.trajectory()],
-                        "env_state": await env.state_dict(),
-                        "workflow_state": {
-                            "recorder": rec.state(),
-                            "turn_rewards": list(turn_rewards),
-                            "info": _jsonable(last),
-                        },
-                    }
-
-                await saver.turn_done(snapshot)
+                await save_turn(
+                    saver, rec, env, turn + 1,
+                    lambda last=info: {"turn_rewards": list(turn_rewards), "info": _jsonable(last)},
+                )  # fmt: skip
         return Episode(
             task_id=task.id,
             trajectories=[rec.trajectory()],
@@ -234,6 +224,24 @@ async def single_agent(
         )
     finally:
         await env.close()
+
+
+async def save_turn(
+    saver: EpisodeSaver, rec: TurnRecorder, env: Any, turns: int, own: Callable[[], dict[str, Any]]
+) -> None:
+    """Offer ``saver`` the episode as it stands after ``turns`` finished turns: the sequence so
+    far, the env's state and the workflow's own part (``own()``, read only when a save is due),
+    which :func:`resume_saved` hands back to the workflow's ``read``."""
+
+    async def snapshot() -> dict[str, Any]:
+        return {
+            "turns": turns,
+            "trajectories": [rec.trajectory()],
+            "env_state": await env.state_dict(),
+            "workflow_state": {"recorder": rec.state(), **own()},
+        }
+
+    await saver.turn_done(snapshot)
 
 
 def _read_state(state: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:

@@ -48,6 +48,7 @@ from astraflow.rollout.workflows.single_agent import (
     _jsonable,
     resume_saved,
     sampling_for,
+    save_turn,
 )
 from astraflow.rollout.workflows.tokens import ChatRenderer
 from astraflow.tools.calls import INVALID_TOOL_CALL
@@ -81,7 +82,7 @@ async def tool_agent(
         resumed = await resume_saved(saver, env, _read_state)
         if resumed is not None:
             rec, saved, first_turn = resumed
-            total_reward, calls_made, invalid, tools, system, end_info = saved
+            total_reward, calls_made, tools, system, end_info = saved
             prefill = ""  # a forced call is the first turn's, played before the save
         else:
             obs, info = await env.reset(seed=None, options={"task": task.payload})
@@ -142,30 +143,16 @@ async def tool_agent(
                 break
             rec.add_context(feedback)
             if saver is not None:
-
-                async def snapshot(
-                    done: int = index + 1,
-                    last: dict = end_info,
-                    reward_so_far: float = total_reward,
-                    calls: int = calls_made,
-                    bad: int = invalid,
-                ) -> dict[str, Any]:
-                    return {
-                        "turns": done,
-                        "trajectories": [rec.trajectory()],
-                        "env_state": await env.state_dict(),
-                        "workflow_state": {
-                            "recorder": rec.state(),
-                            "total_reward": reward_so_far,
-                            "tool_calls": calls,
-                            "invalid_tool_calls": bad,
-                            "tools": tools,
-                            "system": system,
-                            "info": _jsonable(_without_messages(last)),
-                        },
-                    }
-
-                await saver.turn_done(snapshot)
+                await save_turn(
+                    saver, rec, env, index + 1,
+                    lambda last=end_info, reward_so_far=total_reward, calls=calls_made: {
+                        "total_reward": reward_so_far,
+                        "tool_calls": calls,
+                        "tools": tools,
+                        "system": system,
+                        "info": _jsonable(_without_messages(last)),
+                    },
+                )  # fmt: skip
         end_info = _without_messages(end_info)
         return Episode(
             task_id=task.id,
@@ -206,7 +193,6 @@ def _read_state(state: dict[str, Any]):
     return (
         float(state["total_reward"]),
         int(state["tool_calls"]),
-        int(state["invalid_tool_calls"]),
         tools,
         system,
         dict(state.get("info") or {}),
