@@ -223,18 +223,24 @@ class Probes:
         self.keep("8 registration flood", flood)
 
     def poison_until(self, stop: threading.Event, codes: list[int]) -> None:
-        """Go on leasing like a node and pushing poison instead of episodes."""
+        """Go on leasing like a node and pushing poison instead of episodes. It claims to hold
+        the latest version each reply names (a node's word is all the service has), so the
+        staleness-aware admission, which holds work back from a node too many versions behind,
+        keeps leasing to it."""
+        held = {"policy": 0}
         try:
             while not stop.is_set():
                 resp = self.node.json(
                     "POST",
                     "/leases",
-                    {"node_id": self.nid, "max_tasks": 2, "versions": {"policy": 0}, "wait_s": 1},
+                    {"node_id": self.nid, "max_tasks": 2, "versions": held, "wait_s": 1},
                 )
                 if resp.status_code != 200:
                     time.sleep(0.5)
                     continue
-                for lease in resp.json()["leases"]:
+                grant = resp.json()
+                held = {"policy": int(grant.get("latest_versions", {}).get("policy", 0))}
+                for lease in grant["leases"]:
                     bad = _push(self.nid, lease, _traj([1, 2, 10**6, 3]))
                     codes.append(self.node.json("POST", "/trajectories", bad).status_code)
                 time.sleep(0.2)
