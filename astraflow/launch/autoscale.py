@@ -51,7 +51,7 @@ Action = Literal["grow", "shrink", "hold"]
 #: Shrink only when the trainer idles at most this share of ``target_trainer_idle``.
 SHRINK_IDLE_SHARE = 0.5
 #: Shrink only when the demand fills at most this share of the slots of one node fewer.
-SHRINK_LOAD = 1.0
+SHRINK_LOAD = 0.8
 #: The demand estimate reads the status snapshots of the last ``max(RATE_WINDOW_S,
 #: RATE_INTERVALS * interval_s)`` seconds, and none spanning less than half of that.
 RATE_WINDOW_S = 5.0

@@ -552,9 +552,10 @@ class AutoscaleConfig(Section):
     node's slots), while every node's slots are taken and the trainer waits for data (idle above
     ``target_trainer_idle``, or the groups buffered and in flight below ``target_buffer_fill`` of
     the admission cap) or the load already needs more nodes; it shrinks one node when the trainer
-    is fed and the groups in flight and the load fit on one node fewer for ``cooldown_s``. A
-    decision must hold ``sustain`` intervals in a row and waits ``cooldown_s`` after the previous
-    change; a node leaves by draining (SIGTERM: it finishes or hands back its groups)."""
+    is fed and the groups in flight and the load (with 20 % to spare) fit on one node fewer for
+    ``cooldown_s``. A decision must hold ``sustain`` intervals in a row and waits ``cooldown_s``
+    after the previous change; a node leaves by draining (SIGTERM: it finishes or hands back its
+    groups)."""
 
     enabled: bool = Field(default=False, description="Run the control loop")
     min_nodes: int = Field(default=1, ge=0, description="Fewest launcher nodes")

@@ -235,3 +235,19 @@ def test_shrinks_one_node_after_the_surplus_lasts_the_cooldown():
     ds, done = drive(a, 11.0, 4, done, 8.0, **{**slack, "pool": 2, "nodes": 2})
     assert all(d.action == "hold" for d in ds)
     assert a.decide(fig(tasks_done=done, **{**slack, "pool": 2, "nodes": 2}), 15.0).target == 1
+
+
+def test_no_shrink_into_a_pool_the_demand_would_nearly_fill():
+    """The shrink's demand bound sits below the grow's: a pool of 3 whose demand is 2 nodes (all
+    of one node fewer) holds, else a window a little slower would grow it back (a flap)."""
+    a = Autoscaler(slow_cfg())
+    slack = {"pool": 3, "nodes": 3, "groups_per_node": 2, "buffer_fill": 1.0, "buffered": 8}
+    # 20 groups/s while fed: the pace; 4 in flight at 20 groups/s is 0.2 s a group: 2 nodes
+    ds, _ = drive(a, 0.0, 16, 0, 20.0, in_flight=4, **slack)
+    d = a.demand(fig(groups_per_node=2))
+    assert (d.rate, d.group_s, d.load) == (
+        pytest.approx(20.0),
+        pytest.approx(0.2),
+        pytest.approx(2),
+    )
+    assert all(x.action == "hold" for x in ds) and "too much for one node fewer" in ds[-1].reason
