@@ -7,13 +7,26 @@ loop (:mod:`astraflow.launch.scaling`) does the I/O. So the rules are tested wit
 The rules, with ``gpn`` the groups one node holds (``rollout.concurrency // tasks.group_size``,
 at least one):
 
-* **grow**, by the shortfall (:meth:`Autoscaler._grow_by`), when the trainer is *starved* (idle
+* **demand**: the nodes the load needs, by Little's law over the last few intervals
+  (:class:`Demand`): the groups the trainer consumes per second when fed (the fastest window
+  seen: it consumes less only while it waits) times the seconds a group spends leased (groups in
+  flight / groups done per second), over ``gpn``. A group's time is what a tool slowdown
+  changes; the trainer's pace is not, so the pace learned while groups were fast still holds
+  when they slow down.
+* **grow**, to the whole deficit at once (the demand, at least one node more), when the nodes are
+  *full* (the groups in flight take every node's slots) and either the trainer is *starved* (idle
   more than ``target_trainer_idle`` of the time, or the groups buffered and in flight fill less
-  than ``target_buffer_fill`` of the admission cap) *and* the nodes are *full* (the groups in
-  flight take every node's slots): a starved trainer whose nodes have free slots is held back by
-  admission or by a lack of tasks, and more nodes would not feed it.
-* **shrink**, one node, when the groups in flight fit on one node fewer *and* the trainer is *fed* (idle at
-  most half the target, the fill at least its target): the band between the grow and the shrink
+  than ``target_buffer_fill`` of the admission cap) or the demand already needs more nodes than
+  the pool has: a node takes seconds to start, so growing when groups slow down, before the
+  buffer drains, hides that lag. A starved trainer whose nodes have free slots is held back by
+  admission or by a lack of tasks, and more nodes would not feed it. Without a demand estimate
+  yet (the first window), a starved pool grows by the shortfall the targets say
+  (:meth:`Autoscaler._grow_by`).
+* **shrink**, one node, when the groups in flight fit on one node fewer, the trainer is *fed*
+  (idle at most half the target, the fill at least its target), the demand fits
+  ``SHRINK_LOAD`` of one node fewer, and all three have held for ``cooldown_s`` in a row (a
+  buffer that admission keeps full leaves slots free for a moment without the load having
+  dropped; a shrink undone pays a node's start-up). The band between the grow and the shrink
   thresholds is the hysteresis that keeps a pool from flapping between two sizes.
 * below ``min_nodes`` or above ``max_nodes``: back within the bounds at once.
 * otherwise, and while a node the loop started has not registered yet, while the run has no
@@ -27,6 +40,7 @@ new node needs time to load its model and fill; the idle window needs time to sh
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -36,6 +50,12 @@ from astraflow.recipe.schema import AutoscaleConfig
 Action = Literal["grow", "shrink", "hold"]
 #: Shrink only when the trainer idles at most this share of ``target_trainer_idle``.
 SHRINK_IDLE_SHARE = 0.5
+#: Shrink only when the demand fills at most this share of the slots of one node fewer.
+SHRINK_LOAD = 0.8
+#: The demand estimate reads the status snapshots of the last ``max(RATE_WINDOW_S,
+#: RATE_INTERVALS * interval_s)`` seconds, and none spanning less than half of that.
+RATE_WINDOW_S = 5.0
+RATE_INTERVALS = 5
 
 
 @dataclass(frozen=True)
@@ -53,9 +73,39 @@ class Figures:
     trainer_idle: float | None
     buffer_fill: float | None
     training_done: bool
+    #: training groups done so far (``tasks_done``), None where the status has no such count
+    tasks_done: int | None = None
+    #: complete groups buffered for the trainable policies still training
+    buffered: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Demand:
+    """The load in nodes: ``rate`` groups per second the trainer consumes when fed, times
+    ``group_s`` seconds a group is leased, is the groups that must be in flight; over the groups
+    one node holds, the nodes."""
+
+    rate: float
+    group_s: float
+    groups_per_node: int
+
+    @property
+    def load(self) -> float:
+        """Nodes' worth of groups the trainer needs in flight (fractional)."""
+        return self.rate * self.group_s / max(1, self.groups_per_node)
+
+    @property
+    def nodes(self) -> int:
+        return max(1, math.ceil(self.load - 1e-6))
+
+    def describe(self) -> str:
+        return (
+            f"demand {self.rate:.2f} groups/s x {self.group_s:.1f} s a group = "
+            f"{self.load:.2f} nodes of {self.groups_per_node} groups"
+        )
 
 
 @dataclass(frozen=True)
@@ -74,9 +124,16 @@ class Autoscaler:
     config: AutoscaleConfig
     last_change: float | None = None
     _streak: tuple[Action, int] = field(default=("hold", 0))
+    #: (time, tasks_done, in_flight, buffered) of the window's snapshots
+    _samples: deque = field(default_factory=deque)
+    #: groups per second the trainer consumes when fed: the fastest window seen
+    _rate: float | None = None
+    #: when the shrink call began (None: the load does not call for one)
+    _surplus_since: float | None = None
 
     def decide(self, f: Figures, now: float) -> Decision:
         cfg = self.config
+        self._observe(f, now)
         if f.training_done:
             return self._hold(f, "training is done")
         if f.pool < cfg.min_nodes:
@@ -85,20 +142,66 @@ class Autoscaler:
             return self._change(
                 f, now, "shrink", f"pool {f.pool} is above max_nodes {cfg.max_nodes}"
             )
-        if f.starting:
-            return self._hold(f, f"{f.starting} node(s) starting")
+        call, reason = self._call(f)
+        # the surplus must last: when the shrink call began, kept through starting and cooldown
+        if call != "shrink":
+            self._surplus_since = None
+        elif self._surplus_since is None:
+            self._surplus_since = now
         if self.last_change is not None and now - self.last_change < cfg.cooldown_s:
             left = cfg.cooldown_s - (now - self.last_change)
             return self._hold(f, f"cooldown ({left:.0f}s left)")
-        call, reason = self._call(f)
+        if f.starting:
+            # a node takes a while to start: top up a deficit the demand shows meanwhile (the
+            # starting nodes count in the pool), do nothing else until they are up
+            d = self.demand(f)
+            if call != "grow" or d is None or d.nodes <= f.pool:
+                return self._hold(f, f"{f.starting} node(s) starting")
+            reason = f"{reason}, {f.starting} node(s) starting"
         if call == "hold":
             return self._hold(f, reason)
+        if call == "shrink" and self._surplus_since is not None:
+            lasted = now - self._surplus_since
+            if lasted < cfg.cooldown_s:
+                return self._hold(f, f"{reason} for {lasted:.0f}s of {cfg.cooldown_s:g}s")
         seen, n = self._streak
         n = n + 1 if seen == call else 1
         self._streak = (call, n)
         if n < cfg.sustain:
             return self._hold(f, f"{reason} ({n}/{cfg.sustain} intervals)", keep_streak=True)
         return self._change(f, now, call, reason)
+
+    def _observe(self, f: Figures, now: float) -> None:
+        """Keep the window's snapshots and learn the fed trainer's pace from them."""
+        if f.tasks_done is None or f.training_done:
+            return
+        window = max(RATE_WINDOW_S, RATE_INTERVALS * self.config.interval_s)
+        self._samples.append((now, f.tasks_done, f.in_flight, f.buffered))
+        while self._samples and now - self._samples[0][0] > window:
+            self._samples.popleft()
+        t0, done0, _, buf0 = self._samples[0]
+        dt = now - t0
+        if dt < window / 2:
+            return
+        # the groups that left the buffer (into batches): the trainer's pace, or less when it
+        # waited; the fastest window seen is the pace it trains at when fed
+        consumed = (f.tasks_done - done0) - (f.buffered - buf0)
+        if consumed > 0:
+            rate = consumed / dt
+            self._rate = rate if self._rate is None else max(self._rate, rate)
+
+    def demand(self, f: Figures) -> Demand | None:
+        """The load's nodes from the window (None before a window's worth of snapshots or a group done in it)."""
+        if self._rate is None or len(self._samples) < 2:
+            return None
+        t0, done0, _, _ = self._samples[0]
+        t1, done1, _, _ = self._samples[-1]
+        done = done1 - done0
+        if t1 <= t0 or done <= 0:
+            return None
+        in_flight = sum(s[2] for s in self._samples) / len(self._samples)
+        # Little's law: groups in flight = groups done per second x seconds a group is leased
+        return Demand(self._rate, in_flight / (done / (t1 - t0)), f.groups_per_node)
 
     def _call(self, f: Figures) -> tuple[Action, str]:
         """What the load calls for, before bounds, cooldown and sustain."""
@@ -111,12 +214,19 @@ class Autoscaler:
         full = f.in_flight >= slots
         fits_fewer = f.nodes > 0 and f.in_flight <= (f.nodes - 1) * gpn
         load = f"{f.in_flight}/{slots} group slots in flight"
-        if starved and full:
+        d = self.demand(f)
+        if d is not None:
+            load += f", {d.describe()}"
+        ahead = d is not None and full and d.nodes > f.pool
+        if (starved and full) or ahead:
+            why = f"trainer starved ({starved})" if starved else "demand outgrows the pool"
             if f.pool >= cfg.max_nodes:
-                return "hold", f"trainer starved ({starved}), {load}, at max_nodes"
-            return "grow", f"trainer starved ({starved}), {load}"
+                return "hold", f"{why}, {load}, at max_nodes"
+            return "grow", f"{why}, {load}"
         if fed and fits_fewer and f.pool > cfg.min_nodes:
-            return "shrink", f"trainer fed ({fed}), {load} fit on one node fewer"
+            if d is not None and d.load > SHRINK_LOAD * (f.pool - 1):
+                return "hold", f"trainer fed, {load}: too much for one node fewer"
+            return "shrink", f"trainer fed ({fed}), {load}: fits on one node fewer"
         if starved:
             return "hold", f"trainer starved ({starved}) but nodes have free slots ({load})"
         return "hold", f"trainer fed, {load}"
@@ -163,9 +273,12 @@ class Autoscaler:
         if f.pool < cfg.min_nodes or f.pool > cfg.max_nodes:
             target = min(max(f.pool, cfg.min_nodes), cfg.max_nodes)
         elif action == "grow":
-            target = min(cfg.max_nodes, f.pool + self._grow_by(f))
+            d = self.demand(f)
+            more = max(1, d.nodes - f.pool) if d is not None else self._grow_by(f)
+            target = min(cfg.max_nodes, f.pool + more)
         else:
             target = f.pool - 1
+            self._surplus_since = now  # the next shrink needs a surplus of its own
         return Decision(action, reason, f.pool, target)
 
     def _grow_by(self, f: Figures) -> int:
@@ -204,6 +317,7 @@ def figures(
         for p in st.policies.values()
         if p.trainable and p.cap_groups and p.steps < p.max_steps
     ]
+    training = [p for p in st.policies.values() if p.trainable and p.steps < p.max_steps]
     return Figures(
         pool=len(pool),
         starting=len(pool - active),
@@ -214,6 +328,8 @@ def figures(
         trainer_idle=max(idles) if idles else None,
         buffer_fill=round(min(fills), 4) if fills else None,
         training_done=st.training_done,
+        tasks_done=st.tasks_done,
+        buffered=sum(p.buffer_groups for p in training),
     )
 
 

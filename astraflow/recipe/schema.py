@@ -548,11 +548,14 @@ class AutoscaleConfig(Section):
     """``[autoscale]``: the launcher grows and shrinks its rollout pool between ``min_nodes`` and
     ``max_nodes`` from what ``GET /status`` says (:mod:`astraflow.launch.autoscale`).
 
-    It grows when the trainer waits for data (idle above ``target_trainer_idle``, or the groups
-    buffered and in flight below ``target_buffer_fill`` of the admission cap) while every node's
-    slots are taken; it shrinks when the groups in flight fit on one node fewer and the trainer is
-    fed. A decision must hold ``sustain`` intervals in a row and waits ``cooldown_s`` after the
-    previous change; a node leaves by draining (SIGTERM: it finishes or hands back its groups)."""
+    It grows, to the nodes the load needs (the fed trainer's pace times a group's time, over a
+    node's slots), while every node's slots are taken and the trainer waits for data (idle above
+    ``target_trainer_idle``, or the groups buffered and in flight below ``target_buffer_fill`` of
+    the admission cap) or the load already needs more nodes; it shrinks one node when the trainer
+    is fed and the groups in flight and the load (with 20 % to spare) fit on one node fewer for
+    ``cooldown_s``. A decision must hold ``sustain`` intervals in a row and waits ``cooldown_s``
+    after the previous change; a node leaves by draining (SIGTERM: it finishes or hands back its
+    groups)."""
 
     enabled: bool = Field(default=False, description="Run the control loop")
     min_nodes: int = Field(default=1, ge=0, description="Fewest launcher nodes")
@@ -571,7 +574,11 @@ class AutoscaleConfig(Section):
         description="Grow while buffered + in-flight groups fill less than this fraction of the "
         "admission cap (async mode), e.g. 0.9; unset: not a target",
     )
-    cooldown_s: float = Field(default=30.0, ge=0.0, description="Seconds between two changes")
+    cooldown_s: float = Field(
+        default=30.0,
+        ge=0.0,
+        description="Seconds between two changes, and that a surplus must last before a shrink",
+    )
     interval_s: float = Field(default=5.0, gt=0.0, description="Seconds between two decisions")
     sustain: int = Field(
         default=2, ge=1, description="Intervals in a row a grow or shrink must be called for"

@@ -9,14 +9,19 @@ again. Two systems, same steps and seed, run back to back:
 * ``autoscaled``: ``[autoscale]`` from one node, ``min_nodes = 1`` .. ``max_nodes``, target
   buffer fill 0.9 (see docs/elastic.md#autoscaling).
 
-Measured from each run's directory: **node-seconds**, each node's registered time clipped to the
-training window (first lease to last optimizer step), summed (from the run summary's ``nodes``),
-and **time to accuracy**: both runs train the same steps of the same recipe and seed under the
-same staleness bounds, so they reach the same accuracy at the same step (the final training
+Measured from each run's directory: **node-seconds**, each node's time clipped to the training
+window (first lease to last optimizer step), summed: from its registration (the run summary's
+``nodes``), or for a node the autoscaler grew from the decision that started it (a booting node
+is paid for: Python, torch and the model take seconds before it registers), to its last
+heartbeat, or for a drained node to its exit (``autoscale.jsonl``'s ``left`` event); and **time
+to accuracy**: both runs train the same steps of the same recipe and seed under the same
+staleness bounds, so they reach the same accuracy at the same step (the final training
 accuracy, the mean 0/1 reward of the last 10 steps, is reported beside it to show it); the time
 to that accuracy is the training time to the last step. Keys: ``node_seconds_ratio``
-(autoscaled / fixed; target <= 0.8), ``time_to_acc_ratio`` (target <= 1.1), per-system figures
-under ``systems`` and the autoscaler's changes under ``autoscale_changes``.
+(autoscaled / fixed; target <= 0.8), ``registered_node_seconds_ratio`` (the same from
+registration to last heartbeat only, as measured before boot and drain time counted),
+``time_to_acc_ratio`` (target <= 1.1), per-system figures under ``systems`` and the autoscaler's
+changes under ``autoscale_changes``.
 
 On a 2-core machine a node takes about 10 s to start (Python, torch, the model) while the other
 services run, so the phases here last tens of seconds, not the minutes to hours of real tool
@@ -98,17 +103,31 @@ def measure(run_dir: Path) -> dict[str, Any]:
     )
     t0 = float(summary.get("first_lease_at") or steps[0]["time"])
     t1 = float(steps[-1]["time"])
-    node_s = 0.0
-    for n in summary["nodes"].values():
-        lo, hi = max(t0, float(n["registered_at"])), min(t1, float(n["last_heartbeat"]))
-        node_s += max(0.0, hi - lo)
+    log = run_dir / "autoscale.jsonl"
+    scaled = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    started = {n: r["time"] for r in scaled if r.get("decision") == "grow" for n in r["nodes"]}
+    left = {r["node"]: r["time"] for r in scaled if r.get("event") == "left"}
+    spans = [
+        (
+            min(float(n["registered_at"]), started.get(n.get("name"), float("inf"))),
+            max(float(n["last_heartbeat"]), left.get(n.get("name"), 0.0)),
+        )
+        for n in summary["nodes"].values()
+    ]
+    registered = {n.get("name") for n in summary["nodes"].values()}
+    # started and never registered: booting until it left or the end
+    spans += [(at, left.get(n, t1)) for n, at in started.items() if n not in registered]
+    node_s = sum(max(0.0, min(t1, hi) - max(t0, lo)) for lo, hi in spans)
+    # the measure before boot and drain time counted (registration to last heartbeat), to compare
+    registered_s = sum(
+        max(0.0, min(t1, float(n["last_heartbeat"])) - max(t0, float(n["registered_at"])))
+        for n in summary["nodes"].values()
+    )
     rewards = [float(r.get("reward_mean", 0.0)) for r in steps]
     final = rewards[-FINAL_STEPS:]
     changes = []
-    log = run_dir / "autoscale.jsonl"
-    if log.exists():
-        for line in log.read_text().splitlines():
-            r = json.loads(line)
+    if scaled:
+        for r in scaled:
             if r.get("decision") in ("grow", "shrink"):
                 changes.append(
                     {
@@ -121,8 +140,9 @@ def measure(run_dir: Path) -> dict[str, Any]:
                 )
     return {
         "node_seconds": round(node_s, 1),
+        "registered_node_seconds": round(registered_s, 1),
         "train_s": round(t1 - t0, 1),
-        "nodes": len(summary["nodes"]),
+        "nodes": len(spans),
         "steps": len(steps),
         "mean_pool": round(node_s / (t1 - t0), 2) if t1 > t0 else None,
         "final_train_acc": round(sum(final) / len(final), 4) if final else None,
@@ -179,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         tta = {s: runs[s]["train_s"] for s in SYSTEMS}
         out.update(
             node_seconds_ratio=round(auto["node_seconds"] / fixed["node_seconds"], 3),
+            registered_node_seconds_ratio=round(
+                auto["registered_node_seconds"] / fixed["registered_node_seconds"], 3
+            ),
             time_to_acc_ratio=round(tta["autoscaled"] / tta["fixed"], 3) if tta["fixed"] else None,
             systems={
                 s: {

@@ -376,6 +376,10 @@ def render_autoscale(data: Json) -> list[str]:
     targets = data.get("targets") or {}
     if targets:
         out += ["", "Targets: " + ", ".join(f"`{k}` <= {v}" for k, v in targets.items()) + "."]
+    if data.get("registered_node_seconds_ratio") is not None:
+        out += ["", "Node-seconds count a grown node from the decision that started it (its boot) "
+                    "and a drained one until it exits; from registration to last heartbeat alone "
+                    f"the ratio is {ratio(data['registered_node_seconds_ratio'])}."]  # fmt: skip
     changes = data.get("autoscale_changes") or []
     if changes:
         out += ["", "The autoscaler's changes (seconds from the first lease):", ""]

@@ -28,10 +28,12 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 LOAD = [
-    "run.max_steps=40",
+    "run.max_steps=60",
     "tasks.group_size=4",
     "policies.policy.trainer.groups_per_step=4",
-    "rollout.concurrency=4",  # one group per node: the pool's size is its capacity
+    # two groups per node: the slow groups need the whole pool, the fast ones fit on fewer nodes
+    # (with one, the fast phase's groups keep the trainer's pace only on every node)
+    "rollout.concurrency=8",
     "rollout.nodes=1",
     "dataflow.policies=[]",  # every group trains: the load is the latency alone
     "dataflow.buffer_steps=4",
@@ -117,4 +119,4 @@ def check_grew_then_drained(
         for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
         if r.get("type") == "step"
     ]
-    assert [r["step"] for r in steps] == list(range(1, 41))
+    assert [r["step"] for r in steps] == list(range(1, 61))

@@ -70,9 +70,11 @@ def test_starved_with_free_slots_holds():
 
 def test_shrinks_when_the_work_fits_one_node_fewer_and_the_trainer_is_fed():
     a = Autoscaler(cfg(sustain=1))
-    d = a.decide(fig(**FED_SLACK), 0.0)
+    first = a.decide(fig(**FED_SLACK), 0.0)
+    assert first.action == "hold" and "for 0s of 10s" in first.reason
+    d = a.decide(fig(**FED_SLACK), 10.0)  # the surplus lasted the cooldown
     assert (d.action, d.target) == ("shrink", 1)
-    assert "fit on one node fewer" in d.reason
+    assert "fits on one node fewer" in d.reason
 
 
 @pytest.mark.parametrize("idle", [0.15, 0.2])
@@ -109,7 +111,8 @@ def test_buffer_fill_target():
     assert grow.action == "grow" and "buffer fill 0.50 < 0.8" in grow.reason
     assert grow.target == 4  # 0.8 / 0.5 of the pool of 2, rounded up
     a = Autoscaler(cfg(sustain=1, target_trainer_idle=None, target_buffer_fill=0.8))
-    assert a.decide(fig(buffer_fill=1.0, in_flight=2), 0.0).action == "shrink"
+    a.decide(fig(buffer_fill=1.0, in_flight=2), 0.0)
+    assert a.decide(fig(buffer_fill=1.0, in_flight=2), 10.0).action == "shrink"
     assert a.decide(fig(buffer_fill=None), 20.0).reason == "no trainer figures yet"
 
 
@@ -141,3 +144,110 @@ def test_figures_from_status():
 def test_groups_per_node():
     assert groups_per_node(16, 4) == 4
     assert groups_per_node(4, 8) == 1  # a group larger than the node runs alone
+
+
+def drive(a: Autoscaler, t0: float, seconds: int, done0: int, rate: float, **kw):
+    """One decision a second for ``seconds`` seconds while ``rate`` groups a second are done;
+    returns the decisions and the groups done at the end."""
+    out = []
+    for i in range(seconds):
+        out.append(a.decide(fig(tasks_done=done0 + round(rate * i), **kw), t0 + i))
+    return out, done0 + round(rate * seconds)
+
+
+def slow_cfg(**kw) -> AutoscaleConfig:
+    return cfg(**{"target_trainer_idle": None, "target_buffer_fill": 0.9, "cooldown_s": 3.0,
+                  "sustain": 1, "max_nodes": 8, **kw})  # fmt: skip
+
+
+def test_demand_is_littles_law_over_the_window():
+    a = Autoscaler(slow_cfg())
+    # fast groups: 8 done a second, 8 in flight on 2 nodes of 8: a group takes 1 s
+    _, done = drive(a, 0.0, 6, 0, 8.0, pool=2, nodes=2, groups_per_node=8, in_flight=8,
+                    buffer_fill=1.0, buffered=10)  # fmt: skip
+    d = a.demand(fig(groups_per_node=8))
+    assert d is not None and d.rate == pytest.approx(8.0) and d.group_s == pytest.approx(1.0)
+    assert (d.load, d.nodes) == (pytest.approx(1.0), 1)
+    # groups slow down: 2 done a second with 16 in flight is 8 s a group; the trainer's pace is
+    # the fastest seen, so 8 groups/s x 8 s = 64 groups in flight = 8 nodes
+    drive(a, 6.0, 6, done, 2.0, pool=2, nodes=2, groups_per_node=8, in_flight=16,
+          buffer_fill=1.0, buffered=10)  # fmt: skip
+    d = a.demand(fig(groups_per_node=8))
+    assert d.rate == pytest.approx(8.0) and d.group_s == pytest.approx(8.0) and d.nodes == 8
+    assert "demand 8.00 groups/s x 8.0 s a group = 8.00 nodes of 8 groups" in d.describe()
+
+
+def test_grows_by_the_whole_demand_at_once_and_ahead_of_starving():
+    """Full nodes whose groups slow down: the pool grows to the demand in one change, before the
+    buffer runs dry (the fill-based shortfall would add one node: 0.9 / 0.8 of 2, rounded up)."""
+    a = Autoscaler(slow_cfg(max_nodes=4))
+    _, done = drive(a, 0.0, 6, 0, 8.0, pool=2, nodes=2, groups_per_node=8, in_flight=8,
+                    buffer_fill=1.0, buffered=10)  # fmt: skip
+    ds, _ = drive(a, 6.0, 6, done, 2.0, pool=2, nodes=2, groups_per_node=8, in_flight=16,
+                  buffer_fill=1.0, buffered=10)  # fmt: skip
+    grows = [d for d in ds if d.action == "grow"]
+    # the first window still mixes fast groups (2.1 s a group: 3 nodes); the next shows 8 nodes
+    assert [(d.pool, d.target) for d in grows] == [(2, 3), (2, 4)]
+    assert "demand outgrows the pool" in grows[0].reason  # the trainer is still fed
+    assert "nodes of 8 groups" in grows[0].reason
+
+
+def test_tops_up_the_deficit_while_nodes_start():
+    """A grow called on a window that still mixes fast groups falls short; once the window shows
+    the slow groups the deficit is added without waiting for the starting node."""
+    a = Autoscaler(slow_cfg(max_nodes=4))
+    _, done = drive(a, 0.0, 6, 0, 8.0, pool=2, nodes=2, groups_per_node=8, in_flight=8,
+                    buffer_fill=1.0, buffered=10)  # fmt: skip
+    first = a.decide(fig(pool=2, nodes=2, groups_per_node=8, in_flight=16, buffer_fill=0.5,
+                         buffered=2, tasks_done=done + 4), 6.0)  # fmt: skip
+    assert (first.action, first.target) == ("grow", 3)  # the window: 1.2 s a group
+    ds, _ = drive(a, 7.0, 8, done + 4, 1.0, pool=3, nodes=2, starting=1, groups_per_node=8,
+                  in_flight=16, buffer_fill=0.5, buffered=2)  # fmt: skip
+    assert ds[0].action == "hold" and "cooldown" in ds[0].reason
+    top = [d for d in ds if d.action == "grow"]
+    assert top and top[0].target == 4 and "1 node(s) starting" in top[0].reason
+
+
+def test_no_shrink_while_the_demand_needs_the_nodes():
+    """A full buffer holds groups back (admission): slots are free for a moment but the slow
+    groups still need the pool; shrinking would have to be undone a node's start-up later."""
+    a = Autoscaler(slow_cfg(max_nodes=4, min_nodes=2))
+    _, done = drive(a, 0.0, 6, 0, 8.0, pool=2, nodes=2, groups_per_node=8, in_flight=8,
+                    buffer_fill=1.0, buffered=10)  # fmt: skip
+    ds, _ = drive(a, 6.0, 20, done, 2.0, pool=4, nodes=4, groups_per_node=8, in_flight=16,
+                  buffer_fill=1.5, buffered=30)  # fmt: skip
+    assert all(d.action == "hold" for d in ds)
+    assert "too much for one node fewer" in ds[-1].reason
+
+
+def test_shrinks_one_node_after_the_surplus_lasts_the_cooldown():
+    a = Autoscaler(slow_cfg(cooldown_s=5.0))
+    slack = {"pool": 3, "nodes": 3, "groups_per_node": 8, "in_flight": 4, "buffer_fill": 1.0,
+             "buffered": 20}  # fmt: skip
+    ds, done = drive(a, 0.0, 4, 0, 8.0, **slack)
+    assert all(d.action == "hold" for d in ds) and "for 3s of 5s" in ds[-1].reason
+    # the surplus breaks (the nodes fill up): its clock starts over
+    a.decide(fig(tasks_done=done, **{**slack, "in_flight": 24}), 4.0)
+    ds, done = drive(a, 5.0, 6, done, 8.0, **slack)
+    assert [d.action for d in ds] == ["hold"] * 5 + ["shrink"]
+    assert ds[-1].target == 2 and "fits on one node fewer" in ds[-1].reason
+    # the next node needs a surplus of its own
+    ds, done = drive(a, 11.0, 4, done, 8.0, **{**slack, "pool": 2, "nodes": 2})
+    assert all(d.action == "hold" for d in ds)
+    assert a.decide(fig(tasks_done=done, **{**slack, "pool": 2, "nodes": 2}), 15.0).target == 1
+
+
+def test_no_shrink_into_a_pool_the_demand_would_nearly_fill():
+    """The shrink's demand bound sits below the grow's: a pool of 3 whose demand is 2 nodes (all
+    of one node fewer) holds, else a window a little slower would grow it back (a flap)."""
+    a = Autoscaler(slow_cfg())
+    slack = {"pool": 3, "nodes": 3, "groups_per_node": 2, "buffer_fill": 1.0, "buffered": 8}
+    # 20 groups/s while fed: the pace; 4 in flight at 20 groups/s is 0.2 s a group: 2 nodes
+    ds, _ = drive(a, 0.0, 16, 0, 20.0, in_flight=4, **slack)
+    d = a.demand(fig(groups_per_node=2))
+    assert (d.rate, d.group_s, d.load) == (
+        pytest.approx(20.0),
+        pytest.approx(0.2),
+        pytest.approx(2),
+    )
+    assert all(x.action == "hold" for x in ds) and "too much for one node fewer" in ds[-1].reason
