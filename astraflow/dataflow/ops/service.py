@@ -115,6 +115,8 @@ def _news(waiter: _LeaseWaiter, outcome: LeaseGrant) -> bool:
     again; one within ``max_lag`` asks again at once, so it stays parked while its weights load
     (a node that loads more slowly than the trainer publishes still gets work)."""
     before, after = waiter.last.latest_versions, outcome.latest_versions
+    if before is after or before == after:  # nothing announced since it last looked
+        return False
     return any(
         after.get(policy, -1) > max(held, before.get(policy, -1))
         or after.get(policy, held) < min(held, before.get(policy, held))  # a rewind
@@ -330,14 +332,18 @@ class DataflowService:
 
     # -- nodes --------------------------------------------------------------------------------
     async def register(self, reg: NodeRegistration) -> NodeRegistered:
+        replaced: list[str] = []
+
         def op(tx: Tx) -> NodeRegistered:
             now = self.ctx.now()
+            replaced.clear()
             if reg.replace and reg.name:
                 interval = self.ctx.heartbeat_s or self.config.heartbeat_interval_s
                 silent_since = now - 2 * interval
                 for old in storage.nodes.silent_named(tx, reg.name, silent_since):
                     leasing.release_node(self.ctx, tx, old)
                     storage.nodes.mark_left(tx, old)
+                    replaced.append(old)
             active = storage.nodes.count_active(tx)
             limit = self.config.recipe.dataflow.max_nodes
             if active >= limit:
@@ -360,6 +366,7 @@ class DataflowService:
             )
 
         result = await self.store.run(op)
+        self._end_parked(replaced)
         if reg.replace:
             self._signal()  # a replaced node's leases went back to the queue
         return result
@@ -385,7 +392,8 @@ class DataflowService:
             return Ack(detail=f"node left; {n} lease(s) returned to the queue")
 
         result = await self.store.run(op)
-        self._signal()  # its leases went back to the queue; its own parked request gets a 404
+        self._end_parked([node_id])  # its own parked request gets a 404
+        self._signal()  # its leases went back to the queue
         return result
 
     # -- leases and pushes --------------------------------------------------------------------
@@ -423,6 +431,8 @@ class DataflowService:
             raise
         if isinstance(outcome, BaseException):
             raise outcome
+        if outcome.leases:
+            self._share_grant(req, outcome)
         if (
             outcome.leases
             or outcome.done
@@ -455,6 +465,35 @@ class DataflowService:
             raise
         finally:
             self._lease_waiters.pop(id(waiter), None)
+
+    def _end_parked(self, node_ids: list[str]) -> None:
+        """Answer the parked requests of nodes that left with the error a pass would give them.
+
+        Called after the commit that marked them left: a dispatch pass does not read the node of
+        every parked request (:func:`.leasing.serve`), so it would not notice."""
+        if not node_ids or not self._lease_waiters:
+            return
+        gone = set(node_ids)
+        for w in list(self._lease_waiters.values()):
+            if w.req.node_id in gone and not w.fut.done():
+                try:
+                    leasing.check_node(w.req.node_id, "left")
+                except Exception as exc:  # noqa: BLE001 - the error the node is answered with
+                    w.fut.set_exception(exc)
+
+    def _share_grant(self, req: LeaseRequest, grant: LeaseGrant) -> None:
+        """A request granted leases in its own transaction hands them to a request with the same
+        node and idempotency key parked meanwhile (its original): the pass that would have read
+        the stored grant does not read every parked request's (:func:`.leasing.serve`)."""
+        if not req.idempotency_key or not self._lease_waiters:
+            return
+        for w in list(self._lease_waiters.values()):
+            if (
+                w.req.idempotency_key == req.idempotency_key
+                and w.req.node_id == req.node_id
+                and not w.fut.done()
+            ):
+                w.fut.set_result(grant)
 
     def _return(self, req: LeaseRequest, grant: object) -> None:
         """Give back the leases of a grant whose client is gone (released, key forgotten)."""
