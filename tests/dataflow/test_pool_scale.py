@@ -4,6 +4,8 @@ and the registration bound is the recipe's."""
 
 from __future__ import annotations
 
+import time
+
 from dataflow_helpers import TOKEN, ThreadedService, make_recipe
 
 from astraflow.protocol.client import SyncDataflowClient
@@ -150,3 +152,46 @@ def test_a_dispatch_pass_reads_no_more_with_more_parked_requests(tmp_path):
         assert all(not o.leases and not o.done for o in many_out)
         assert many <= few, (few, many)
         assert named == {nodes[3]}, f"{len(named)} parked requests' rows read"
+
+
+def test_a_heartbeat_without_leases_waits_for_no_store_transaction(tmp_path):
+    """A node that holds no lease is answered without a transaction on the store's one writer
+    (every heartbeat a write transaction queued heartbeats behind every lease pass and push:
+    hundreds of milliseconds at 4,096 nodes); its liveness is persisted by the next liveness
+    write. A heartbeat that renews leases still waits for its transaction."""
+    import threading
+
+    from astraflow.dataflow.storage import nodes as node_rows
+
+    recipe = make_recipe(tmp_path, dataflow={"max_nodes": 64})
+    with (
+        ThreadedService(recipe, tmp_path / "df.db") as svc,
+        SyncDataflowClient(svc.url, TOKEN, retries=0, timeout=5.0) as client,
+    ):
+        node = client.register(policies={"policy": 0}).node_id
+        client.heartbeat(node)  # the first one (the service learns the node is active) is a write
+        store = svc.service.store
+        release = threading.Event()
+        held = store.submit(lambda tx: release.wait(30))  # the writer is busy until released
+        try:
+            ops, before = store.ops, svc.service.ctx.now()
+            replies = [client.heartbeat(node, versions={"policy": 0}) for _ in range(3)]
+            assert store.ops == ops, "a heartbeat waited for a store transaction"
+            assert all(not r.stop and r.renewed == [] for r in replies)
+        finally:
+            release.set()
+            held.result(timeout=30)
+        # persisted: one liveness write for the heartbeats that arrived meanwhile
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and svc.service._beats:
+            time.sleep(0.01)
+        beat = store.call(
+            lambda tx: tx.scalar("SELECT last_heartbeat FROM nodes WHERE id=?", (node,))
+        )
+        assert beat >= before
+        assert store.call(lambda tx: node_rows.state(tx, node)) == "active"
+        # a node with leases in flight is renewed in a transaction, as before
+        (lease,) = client.lease(node_id=node, max_tasks=1, versions={"policy": 0}).leases
+        ops = store.ops
+        assert lease.id in client.heartbeat(node, in_flight=[lease.id]).renewed
+        assert store.ops > ops

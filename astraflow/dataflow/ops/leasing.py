@@ -377,6 +377,42 @@ def heartbeat(ctx: Context, tx: Tx, node_id: str, hb: Heartbeat) -> HeartbeatRep
     )
 
 
+def node_news(ctx: Context, tx: Tx, reply: HeartbeatReply) -> tuple[HeartbeatReply, bool]:
+    """What ``reply`` tells every node alike (versions, where their weights are, whether to stop),
+    for heartbeats answered without a transaction (``DataflowService.heartbeat``), and whether
+    only an announcement, an ack or a stop can change it: while training is not done (then the
+    done grace period, the last evaluations or, in a run without trainers, the last pushes decide
+    when nodes stop, and every heartbeat reads it afresh)."""
+    news = HeartbeatReply(
+        latest_versions=reply.latest_versions,
+        weight_locations=reply.weight_locations,
+        weight_digests=reply.weight_digests,
+        stop=reply.stop,
+    )
+    settled = (
+        bool(ctx.config.trainable)
+        and not reply.stop
+        and not state.training_done(tx, ctx.config, ctx.feeder.exhausted(tx))
+    )
+    return news, settled
+
+
+def record_liveness(ctx: Context, tx: Tx, beats: dict[str, Heartbeat], at: dict[str, float]) -> int:
+    """Persist heartbeats answered without a transaction: each node's last sign of life, the
+    versions it holds and its metrics (nodes that left meanwhile are left alone); returns how
+    many nodes were updated."""
+    live = storage.nodes.states(tx, list(beats))
+    n = 0
+    for node_id, hb in beats.items():
+        if live.get(node_id) != "active":
+            continue
+        storage.nodes.touch(tx, node_id, at[node_id], hb.versions)
+        if hb.metrics:
+            storage.nodes.set_metrics(tx, node_id, kept_metrics(tx, node_id, hb.metrics))
+        n += 1
+    return n
+
+
 def kept_metrics(tx: Tx, node_id: str, metrics: dict[str, float]) -> dict[str, float]:
     """The documented node metrics (``NODE_METRIC_KEYS``) of a heartbeat; every other key is
     dropped and counted in the node's own ``dropped_metric_keys`` (shown in /status)."""
