@@ -185,9 +185,7 @@ def test_a_heartbeat_without_leases_waits_for_no_store_transaction(tmp_path):
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and svc.service._beats:
             time.sleep(0.01)
-        beat = store.call(
-            lambda tx: tx.scalar("SELECT last_heartbeat FROM nodes WHERE id=?", (node,))
-        )
+        beat = store.call(lambda tx: node_rows.last_heartbeat(tx, node))
         assert beat >= before
         assert store.call(lambda tx: node_rows.state(tx, node)) == "active"
         # a node with leases in flight is renewed in a transaction, as before

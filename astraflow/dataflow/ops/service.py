@@ -14,6 +14,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from astraflow.dataflow import storage
 from astraflow.dataflow.config import ServiceConfig
@@ -80,6 +81,14 @@ class _LeaseWaiter:
     in_pass: bool = False
     #: the wait ran out during such a pass: the pass answers it whatever it finds
     expired: bool = False
+
+
+class _HeartbeatNews(NamedTuple):
+    """What a heartbeat reply tells every node (:func:`.leasing.node_news`), as read when
+    ``DataflowService._news_generation`` was ``generation``."""
+
+    generation: int
+    reply: HeartbeatReply
 
 
 def _held_back(
@@ -205,7 +214,7 @@ class DataflowService:
         #: the heartbeats not yet persisted (node -> heartbeat, time), written by one operation
         #: at a time (:meth:`_persist_liveness`).
         self._live_nodes: set[str] = set()
-        self._news: tuple[int, HeartbeatReply] | None = None
+        self._news: _HeartbeatNews | None = None
         #: bumped after every operation that can change that news: a version announced (or
         #: re-announced: a rewind), a batch acked (training may be done), the run stopped
         self._news_generation = 0
@@ -406,14 +415,14 @@ class DataflowService:
         if (
             not hb.in_flight
             and news is not None
-            and news[0] == self._news_generation
+            and news.generation == self._news_generation
             and node_id in self._live_nodes
         ):
             self._beats[node_id] = hb
             self._beat_times[node_id] = self.ctx.now()
             if self._liveness_writer is None or self._liveness_writer.done():
                 self._liveness_writer = asyncio.ensure_future(self._persist_liveness())
-            return news[1].model_copy(
+            return news.reply.model_copy(
                 update={
                     "heartbeat_interval_s": self.ctx.heartbeat_s or self.config.heartbeat_interval_s
                 }
@@ -427,7 +436,7 @@ class DataflowService:
         reply, news_now, settled = await self.store.run(op)
         self._live_nodes.add(node_id)
         if settled and generation == self._news_generation:
-            self._news = (generation, news_now)
+            self._news = _HeartbeatNews(generation, news_now)
         return reply
 
     async def _persist_liveness(self) -> None:
