@@ -176,6 +176,9 @@ class Log:
     joins: int = 0
     leaves: int = 0
     errors: list = field(default_factory=list)
+    #: (monotonic time, seconds late) of the worker's event-loop probe: how long a ready
+    #: callback waited for this load generator's loop (client-side delay in every latency)
+    lag: list = field(default_factory=list)
 
 
 class SimNode:
@@ -293,6 +296,7 @@ async def _worker(spec: LoadSpec, ready, stop, results) -> None:
     await asyncio.gather(*(join(n, f"sim-{spec.first + i}") for i, n in enumerate(nodes)))
     for n in nodes:
         n.start()
+    probe = asyncio.create_task(_lag_probe(log))
     ready.put(os.getpid())
     done = asyncio.Event()
     loop.run_in_executor(None, lambda: (stop.wait(), loop.call_soon_threadsafe(done.set)))
@@ -327,6 +331,7 @@ async def _worker(spec: LoadSpec, ready, stop, results) -> None:
         task = asyncio.create_task(replace(rng.randrange(len(nodes))))
         leaving.add(task)
         task.add_done_callback(leaving.discard)
+    probe.cancel()
     for t in list(leaving):
         t.cancel()
     for n in nodes:
@@ -341,10 +346,21 @@ async def _worker(spec: LoadSpec, ready, stop, results) -> None:
             "leases": log.leases,
             "joins": log.joins,
             "leaves": log.leaves,
+            "lag": log.lag,
             "errors": log.errors[:20],
             "n_errors": len(log.errors),
         }
     )
+
+
+async def _lag_probe(log: Log, every_s: float = 0.05) -> None:
+    """Sleep ``every_s`` again and again and record how late each wake-up was: the scheduling
+    delay that this load generator's own event loop adds to every latency it measures."""
+    while True:
+        t0 = time.monotonic()
+        await asyncio.sleep(every_s)
+        t1 = time.monotonic()
+        log.lag.append((t1, t1 - t0 - every_s))
 
 
 async def trainer(
@@ -458,6 +474,11 @@ async def scale_phase(args, nodes: int, duration: float, service: ServiceProcess
         )
         await asyncio.sleep(args.warmup)
         store0 = (await client.status()).store
+        spy = (
+            service.start_profile(Path(f"{args.profile}.{nodes}"), duration)
+            if args.profile
+            else None
+        )
         cpu0, t0 = service.cpu_s(), time.monotonic()
         gen0 = sum(sum(g.cpu_times()[:2]) for g in gens)
         load0 = psutil.cpu_times()
@@ -472,6 +493,8 @@ async def scale_phase(args, nodes: int, duration: float, service: ServiceProcess
         load1 = psutil.cpu_times()
         rss = max(rss, service.ps.memory_info().rss / 2**20)
         doc = await client.status()
+        if spy is not None:
+            await loop.run_in_executor(None, spy.wait)
         stop.set()
         outs = [await loop.run_in_executor(None, results.get, True, 300) for _ in procs]
         trainer_stop.set()
@@ -491,6 +514,7 @@ async def scale_phase(args, nodes: int, duration: float, service: ServiceProcess
     wake = wakeups(leases, [e for e in events if t0 <= e[0] < t1])
     served = _in(window, events)
     errors = [e for o in outs for e in o["errors"]]
+    lag = [late for o in outs for _, late in _in(window, o["lag"])]
     return {
         "nodes": nodes,
         "registered_nodes": doc.node_summary.active + doc.node_summary.silent,
@@ -507,6 +531,10 @@ async def scale_phase(args, nodes: int, duration: float, service: ServiceProcess
         "lease_wakeups": len(wake),
         "lease_wakeup_p50_ms": pct(wake, 0.50) * 1000,
         "lease_wakeup_p99_ms": pct(wake, 0.99) * 1000,
+        # how late the load generators' own event loops ran a ready callback (a 50 ms sleep's
+        # overshoot): the client-side share of the latencies above
+        "client_lag_p50_ms": pct(lag, 0.50) * 1000,
+        "client_lag_p99_ms": pct(lag, 0.99) * 1000,
         "steps_per_s": len(served) / elapsed,
         "samples_per_s": sum(e[2] for e in served) / elapsed,
         "joins": sum(o["joins"] for o in outs),
@@ -642,6 +670,11 @@ def main() -> int:
     ap.add_argument("--store-nodes", type=int, default=64)
     ap.add_argument("--store-groups-per-step", type=int, default=4)
     ap.add_argument("--store-churn", type=float, default=2.0)
+    ap.add_argument(
+        "--profile",
+        default=None,
+        help="profile the service with py-spy (raw stacks, every thread) to PATH.NODES per phase",
+    )
     args = ap.parse_args()
     node_counts = args.nodes or ([256, 1024] if args.quick else [256, 1024, 4096])
     duration = args.duration or (20.0 if args.quick else 60.0)

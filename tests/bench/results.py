@@ -411,10 +411,12 @@ def render_dataflow_scale(data: Json) -> list[str]:
             num(r.get("status_ms"), "{:.0f}"), num(r.get("rss_mb"), "{:.0f}"),
             num(r.get("service_cpu_ms_per_request"), "{:.2f}"),
             num(r.get("machine_busy_cores"), "{:.2f}"),
+            num(r.get("client_lag_p99_ms"), "{:.0f}"),
         ])  # fmt: skip
     out = md_table(["nodes", "heartbeat every", "heartbeats/s", "lease requests/s", "pushes/s",
                     "wake-up p50 / p99 ms", "heartbeat p50 / p99 ms", "status", "status ms",
-                    "service RSS MB", "service CPU ms per request", "busy cores (machine)"],
+                    "service RSS MB", "service CPU ms per request", "busy cores (machine)",
+                    "load generators' loop lag p99 ms"],
                    rows)  # fmt: skip
     if data.get("store_steps"):
         out += ["", f"Long run: {num(data['store_steps'], '{:,}')} optimizer steps, "
@@ -518,7 +520,9 @@ SECTIONS: list[Section] = [
         "churn at 2 joins and leaves a second, against one service process; a simulated trainer "
         "takes a step every 2 s and announces a version per step. Wake-up: a batch taken (room "
         "freed) to a parked request's lease. CPU per request: the service's CPU over every "
-        "heartbeat, lease request and push. The machine's other jobs shared its cores.",
+        "heartbeat, lease request and push. Loop lag: how late the load generators' own event "
+        "loops ran a ready callback, the client-side share of the latencies. The machine's other "
+        "jobs shared its cores.",
         render_dataflow_scale,
         headline=(
             (

@@ -4,6 +4,8 @@ and the registration bound is the recipe's."""
 
 from __future__ import annotations
 
+import time
+
 from dataflow_helpers import TOKEN, ThreadedService, make_recipe
 
 from astraflow.protocol.client import SyncDataflowClient
@@ -99,3 +101,95 @@ def test_a_large_pool_hears_of_versions_from_heartbeats_not_by_ending_parked_req
         c.announce_version(policy="policy", version=2, location="http://w/2", digest="d2")
         grant = _prompt(parked, t0)  # two behind, past max_lag: told at once to update
         assert grant.update_first and grant.latest_versions == {"policy": 2}
+
+
+def _pass(svc, nodes: list[str]) -> tuple[int, set[str], list]:
+    """One dispatch pass over parked requests of ``nodes``: how many SQL statements it ran, the
+    nodes named in them (their rows or their stored replies read), and its outcomes."""
+    from astraflow.dataflow.ops import leasing
+    from astraflow.protocol import LeaseRequest
+
+    reqs = [
+        LeaseRequest(
+            node_id=n, max_tasks=1, versions={"policy": 0}, wait_s=10, idempotency_key=f"k-{n}"
+        )
+        for n in nodes
+    ]
+    statements: list[str] = []
+
+    def one_pass(tx):
+        tx.conn.set_trace_callback(statements.append)
+        try:
+            return leasing.serve(svc.service.ctx, tx, reqs, touch=False)[0]
+        finally:
+            tx.conn.set_trace_callback(None)
+
+    outcomes = svc.service.store.call(one_pass)
+    named = {n for n in nodes if any(n in sql for sql in statements)}
+    return len(statements), named, outcomes
+
+
+def test_a_dispatch_pass_reads_no_more_with_more_parked_requests(tmp_path):
+    """A pass after an event reads what the first requests it tries need; requests holding the
+    same versions as one that found nothing get its answer without a read of their own (their
+    stored reply, their node). With every pass reading each parked request's rows, 4,096 parked
+    nodes made each pass cost in proportion to them, and heartbeats queued behind the passes."""
+    tasks = {
+        "group_size": 2,
+        "epochs": 1,
+        "sets": [{"name": "arith", "split": "train", "limit": 1}],
+    }
+    recipe = make_recipe(tmp_path, tasks=tasks, dataflow={"max_nodes": 256})
+    with (
+        ThreadedService(recipe, tmp_path / "df.db") as svc,
+        SyncDataflowClient(svc.url, TOKEN, retries=0) as client,
+    ):
+        nodes = [client.register(policies={"policy": 0}).node_id for _ in range(120)]
+        few, _, few_out = _pass(svc, nodes[:3])
+        many, named, many_out = _pass(svc, nodes[3:])
+        # the one task goes to the first request of the first pass; every other finds nothing
+        assert [len(o.leases) for o in few_out] == [1, 0, 0]
+        assert all(not o.leases and not o.done for o in many_out)
+        assert many <= few, (few, many)
+        assert named == {nodes[3]}, f"{len(named)} parked requests' rows read"
+
+
+def test_a_heartbeat_without_leases_waits_for_no_store_transaction(tmp_path):
+    """A node that holds no lease is answered without a transaction on the store's one writer
+    (every heartbeat a write transaction queued heartbeats behind every lease pass and push:
+    hundreds of milliseconds at 4,096 nodes); its liveness is persisted by the next liveness
+    write. A heartbeat that renews leases still waits for its transaction."""
+    import threading
+
+    from astraflow.dataflow.storage import nodes as node_rows
+
+    recipe = make_recipe(tmp_path, dataflow={"max_nodes": 64})
+    with (
+        ThreadedService(recipe, tmp_path / "df.db") as svc,
+        SyncDataflowClient(svc.url, TOKEN, retries=0, timeout=5.0) as client,
+    ):
+        node = client.register(policies={"policy": 0}).node_id
+        client.heartbeat(node)  # the first one (the service learns the node is active) is a write
+        store = svc.service.store
+        release = threading.Event()
+        held = store.submit(lambda tx: release.wait(30))  # the writer is busy until released
+        try:
+            ops, before = store.ops, svc.service.ctx.now()
+            replies = [client.heartbeat(node, versions={"policy": 0}) for _ in range(3)]
+            assert store.ops == ops, "a heartbeat waited for a store transaction"
+            assert all(not r.stop and r.renewed == [] for r in replies)
+        finally:
+            release.set()
+            held.result(timeout=30)
+        # persisted: one liveness write for the heartbeats that arrived meanwhile
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and svc.service._beats:
+            time.sleep(0.01)
+        beat = store.call(lambda tx: node_rows.last_heartbeat(tx, node))
+        assert beat >= before
+        assert store.call(lambda tx: node_rows.state(tx, node)) == "active"
+        # a node with leases in flight is renewed in a transaction, as before
+        (lease,) = client.lease(node_id=node, max_tasks=1, versions={"policy": 0}).leases
+        ops = store.ops
+        assert lease.id in client.heartbeat(node, in_flight=[lease.id]).renewed
+        assert store.ops > ops

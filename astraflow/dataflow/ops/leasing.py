@@ -182,10 +182,20 @@ def serve(
     Why one pass for many requests: the service parks empty-handed lease requests and re-serves
     them all together after each event that may have created work. One transaction (and one store
     round trip) per event then serves every waiting node, first come first served, instead of one
-    transaction per waiting node per event (a thundering herd on the single writer thread). Work
-    available to a request depends only on the versions it holds, so once one request with given
-    versions comes back empty, later ones with the same versions get that same empty answer
-    without another scan.
+    transaction per waiting node per event (a thundering herd on the single writer thread).
+
+    Why a pass's store work does not grow with the parked requests: work available to a request
+    depends only on the versions it holds, so once one request with given versions comes back
+    empty, later ones with the same versions get that same empty answer, and they are answered
+    before anything of theirs is read (``touch=False``, the dispatcher's passes). Only the
+    requests a pass actually tries have their stored reply and their node's state read: with
+    thousands of parked nodes and one free task, a pass reads a handful of rows, not thousands
+    (reading them all made every pass cost in proportion to the parked nodes, and heartbeats
+    queued behind the passes on the writer; tests/bench/dataflow_scale.py). What a skipped
+    request would have learnt otherwise reaches it another way: a node that leaves has its parked
+    request ended by the service at once (``DataflowService._end_parked``), and a retry granted
+    leases in its own transaction hands them to the original parked beside it
+    (``DataflowService._share_grant``).
     """
     expire_overdue(ctx, tx)
     latest = storage.versions.latest_versions(tx)
@@ -193,23 +203,26 @@ def serve(
     done = nodes_done(ctx, tx)
     empty: dict[tuple, LeaseGrant] = {}
     outcomes: list[LeaseGrant | Exception] = []
-    # A pass over hundreds of parked requests reads their stored replies and their nodes' states
-    # in a few statements, not two per request (the single writer runs every statement).
-    # Grants made in this pass are added to ``replies``: a retry parked beside its original
-    # (same key) gets the same leases.
-    keys = [storage.idempotency.scoped("lease", r.node_id, r.idempotency_key) for r in reqs]
-    replies = storage.idempotency.remembered_many(tx, [k for k in keys if k])
-    node_states = None if touch else storage.nodes.states(tx, [r.node_id for r in reqs])
-    for req, idem in zip(reqs, keys, strict=True):
-        cached = replies.get(idem) if idem else None
+    # Grants made in this pass, by scoped key: a retry parked beside its original (same key)
+    # gets the same leases.
+    granted: dict[str, bytes] = {}
+    for req in reqs:
+        idem = storage.idempotency.scoped("lease", req.node_id, req.idempotency_key)
+        key = tuple(sorted(req.versions.items()))
+        if not touch and not done and key in empty and not (idem and idem in granted):
+            outcomes.append(empty[key])
+            continue
+        cached = granted.get(idem) if idem else None
+        if cached is None and idem:
+            cached = storage.idempotency.remembered(tx, idem, "lease")
         if cached is not None:
             outcomes.append(LeaseGrant.model_validate(state.unpack(cached)))
             continue
         try:
-            if node_states is None:
+            if touch:
                 touch_node(ctx, tx, req.node_id, req.versions)
             else:
-                check_node(req.node_id, node_states.get(req.node_id))
+                check_node(req.node_id, storage.nodes.state(tx, req.node_id))
         except DataflowError as exc:
             outcomes.append(exc)
             continue
@@ -224,7 +237,6 @@ def serve(
                 )
             )
             continue
-        key = tuple(sorted(req.versions.items()))
         if key in empty:
             outcomes.append(empty[key])
             continue
@@ -239,7 +251,7 @@ def serve(
         if reply.leases:
             packed = _remember(ctx, tx, idem, reply)
             if packed is not None:
-                replies[idem] = packed
+                granted[idem] = packed
         else:
             empty[key] = reply
         outcomes.append(reply)
@@ -363,6 +375,42 @@ def heartbeat(ctx: Context, tx: Tx, node_id: str, hb: Heartbeat) -> HeartbeatRep
         stop=nodes_done(ctx, tx),
         heartbeat_interval_s=ctx.heartbeat_s or ctx.config.heartbeat_interval_s,
     )
+
+
+def node_news(ctx: Context, tx: Tx, reply: HeartbeatReply) -> tuple[HeartbeatReply, bool]:
+    """What ``reply`` tells every node alike (versions, where their weights are, whether to stop),
+    for heartbeats answered without a transaction (``DataflowService.heartbeat``), and whether
+    only an announcement, an ack or a stop can change it: while training is not done (then the
+    done grace period, the last evaluations or, in a run without trainers, the last pushes decide
+    when nodes stop, and every heartbeat reads it afresh)."""
+    news = HeartbeatReply(
+        latest_versions=reply.latest_versions,
+        weight_locations=reply.weight_locations,
+        weight_digests=reply.weight_digests,
+        stop=reply.stop,
+    )
+    settled = (
+        bool(ctx.config.trainable)
+        and not reply.stop
+        and not state.training_done(tx, ctx.config, ctx.feeder.exhausted(tx))
+    )
+    return news, settled
+
+
+def record_liveness(ctx: Context, tx: Tx, beats: dict[str, Heartbeat], at: dict[str, float]) -> int:
+    """Persist heartbeats answered without a transaction: each node's last sign of life, the
+    versions it holds and its metrics (nodes that left meanwhile are left alone); returns how
+    many nodes were updated."""
+    live = storage.nodes.states(tx, list(beats))
+    n = 0
+    for node_id, hb in beats.items():
+        if live.get(node_id) != "active":
+            continue
+        storage.nodes.touch(tx, node_id, at[node_id], hb.versions)
+        if hb.metrics:
+            storage.nodes.set_metrics(tx, node_id, kept_metrics(tx, node_id, hb.metrics))
+        n += 1
+    return n
 
 
 def kept_metrics(tx: Tx, node_id: str, metrics: dict[str, float]) -> dict[str, float]:

@@ -14,6 +14,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from astraflow.dataflow import storage
 from astraflow.dataflow.config import ServiceConfig
@@ -82,6 +83,14 @@ class _LeaseWaiter:
     expired: bool = False
 
 
+class _HeartbeatNews(NamedTuple):
+    """What a heartbeat reply tells every node (:func:`.leasing.node_news`), as read when
+    ``DataflowService._news_generation`` was ``generation``."""
+
+    generation: int
+    reply: HeartbeatReply
+
+
 def _held_back(
     config: ServiceConfig, mode: RunMode, req: LeaseRequest, latest: dict[str, int]
 ) -> bool:
@@ -115,6 +124,8 @@ def _news(waiter: _LeaseWaiter, outcome: LeaseGrant) -> bool:
     again; one within ``max_lag`` asks again at once, so it stays parked while its weights load
     (a node that loads more slowly than the trainer publishes still gets work)."""
     before, after = waiter.last.latest_versions, outcome.latest_versions
+    if before is after or before == after:  # nothing announced since it last looked
+        return False
     return any(
         after.get(policy, -1) > max(held, before.get(policy, -1))
         or after.get(policy, held) < min(held, before.get(policy, held))  # a rewind
@@ -197,6 +208,19 @@ class DataflowService:
         self._done_timer: asyncio.TimerHandle | None = None
         #: bumped by every signal: a request that saw no work re-checks if it moved meanwhile
         self._generation = 0
+        #: Heartbeats answered without a transaction (:meth:`heartbeat`): the nodes a
+        #: transactional heartbeat found active (dropped when they leave), what every reply
+        #: tells (with the generation it was read at, and whether only a signal changes it), and
+        #: the heartbeats not yet persisted (node -> heartbeat, time), written by one operation
+        #: at a time (:meth:`_persist_liveness`).
+        self._live_nodes: set[str] = set()
+        self._news: _HeartbeatNews | None = None
+        #: bumped after every operation that can change that news: a version announced (or
+        #: re-announced: a rewind), a batch acked (training may be done), the run stopped
+        self._news_generation = 0
+        self._beats: dict[str, Heartbeat] = {}
+        self._beat_times: dict[str, float] = {}
+        self._liveness_writer: asyncio.Task | None = None
         self.store.call(self._init)
 
     def _init(self, tx: Tx) -> None:
@@ -225,6 +249,8 @@ class DataflowService:
                     await task
                 except asyncio.CancelledError:
                     pass
+        if self._liveness_writer is not None:
+            await asyncio.gather(self._liveness_writer, return_exceptions=True)
         self.ctx.wake = None
         try:
             await self.record_run_summary()
@@ -330,14 +356,18 @@ class DataflowService:
 
     # -- nodes --------------------------------------------------------------------------------
     async def register(self, reg: NodeRegistration) -> NodeRegistered:
+        replaced: list[str] = []
+
         def op(tx: Tx) -> NodeRegistered:
             now = self.ctx.now()
+            replaced.clear()
             if reg.replace and reg.name:
                 interval = self.ctx.heartbeat_s or self.config.heartbeat_interval_s
                 silent_since = now - 2 * interval
                 for old in storage.nodes.silent_named(tx, reg.name, silent_since):
                     leasing.release_node(self.ctx, tx, old)
                     storage.nodes.mark_left(tx, old)
+                    replaced.append(old)
             active = storage.nodes.count_active(tx)
             limit = self.config.recipe.dataflow.max_nodes
             if active >= limit:
@@ -360,13 +390,69 @@ class DataflowService:
             )
 
         result = await self.store.run(op)
+        self._end_parked(replaced)
         if reg.replace:
             self._signal()  # a replaced node's leases went back to the queue
         return result
 
     async def heartbeat(self, node_id: str, hb: Heartbeat) -> HeartbeatReply:
+        """A node's sign of life; renews the leases it holds.
+
+        Why most heartbeats are answered without a transaction: a heartbeat was a write
+        transaction on the store's one writer, queued behind every lease pass and push, so at
+        4,096 nodes heartbeats waited hundreds of milliseconds for the writer
+        (tests/bench/dataflow_scale.py) although most of them renewed nothing: only the nodes
+        running a group hold leases. A node that reports no lease in flight and is known active is
+        answered at once from the news the last transactional heartbeat read (versions, weights,
+        stop), unless an operation that can change it (an announcement, an ack, a stop) ran since,
+        or the run is done or in its done grace period; its liveness (time, versions, metrics) is persisted by the next liveness write,
+        one operation for every heartbeat that arrived meanwhile. Renewals stay transactional:
+        a heartbeat with leases in flight is answered only once their new deadlines are durable.
+        What a crash can lose is the last seconds of liveness of idle nodes, which leases do not
+        depend on."""
         self._heartbeat_limit.check(node_id)
-        return await self.store.run(lambda tx: leasing.heartbeat(self.ctx, tx, node_id, hb))
+        news = self._news
+        if (
+            not hb.in_flight
+            and news is not None
+            and news.generation == self._news_generation
+            and node_id in self._live_nodes
+        ):
+            self._beats[node_id] = hb
+            self._beat_times[node_id] = self.ctx.now()
+            if self._liveness_writer is None or self._liveness_writer.done():
+                self._liveness_writer = asyncio.ensure_future(self._persist_liveness())
+            return news.reply.model_copy(
+                update={
+                    "heartbeat_interval_s": self.ctx.heartbeat_s or self.config.heartbeat_interval_s
+                }
+            )
+        generation = self._news_generation
+
+        def op(tx: Tx) -> tuple[HeartbeatReply, HeartbeatReply, bool]:
+            reply = leasing.heartbeat(self.ctx, tx, node_id, hb)
+            return (reply, *leasing.node_news(self.ctx, tx, reply))
+
+        reply, news_now, settled = await self.store.run(op)
+        self._live_nodes.add(node_id)
+        if settled and generation == self._news_generation:
+            self._news = _HeartbeatNews(generation, news_now)
+        return reply
+
+    async def _persist_liveness(self) -> None:
+        """Write the heartbeats answered without a transaction, all that arrived meanwhile in one
+        operation, until none is left (event-driven: no timer)."""
+        while self._beats:
+            beats, times = self._beats, self._beat_times
+            self._beats, self._beat_times = {}, {}
+            try:
+                await self.store.run(
+                    lambda tx, b=beats, t=times: leasing.record_liveness(self.ctx, tx, b, t)
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - liveness only: the next heartbeat retries
+                log.warning("could not persist %d nodes' heartbeats: %s", len(beats), exc)
 
     async def deregister(self, node_id: str, node_key: str | None = None) -> Ack:
         """The node leaves; ``node_key``: the caller's credential (None: an admin, who may
@@ -385,7 +471,8 @@ class DataflowService:
             return Ack(detail=f"node left; {n} lease(s) returned to the queue")
 
         result = await self.store.run(op)
-        self._signal()  # its leases went back to the queue; its own parked request gets a 404
+        self._end_parked([node_id])  # its own parked request gets a 404
+        self._signal()  # its leases went back to the queue
         return result
 
     # -- leases and pushes --------------------------------------------------------------------
@@ -423,6 +510,8 @@ class DataflowService:
             raise
         if isinstance(outcome, BaseException):
             raise outcome
+        if outcome.leases:
+            self._share_grant(req, outcome)
         if (
             outcome.leases
             or outcome.done
@@ -455,6 +544,36 @@ class DataflowService:
             raise
         finally:
             self._lease_waiters.pop(id(waiter), None)
+
+    def _end_parked(self, node_ids: list[str]) -> None:
+        """Answer the parked requests of nodes that left with the error a pass would give them.
+
+        Called after the commit that marked them left: a dispatch pass does not read the node of
+        every parked request (:func:`.leasing.serve`), so it would not notice."""
+        self._live_nodes.difference_update(node_ids)
+        if not node_ids or not self._lease_waiters:
+            return
+        gone = set(node_ids)
+        for w in list(self._lease_waiters.values()):
+            if w.req.node_id in gone and not w.fut.done():
+                try:
+                    leasing.check_node(w.req.node_id, "left")
+                except Exception as exc:  # noqa: BLE001 - the error the node is answered with
+                    w.fut.set_exception(exc)
+
+    def _share_grant(self, req: LeaseRequest, grant: LeaseGrant) -> None:
+        """A request granted leases in its own transaction hands them to a request with the same
+        node and idempotency key parked meanwhile (its original): the pass that would have read
+        the stored grant does not read every parked request's (:func:`.leasing.serve`)."""
+        if not req.idempotency_key or not self._lease_waiters:
+            return
+        for w in list(self._lease_waiters.values()):
+            if (
+                w.req.idempotency_key == req.idempotency_key
+                and w.req.node_id == req.node_id
+                and not w.fut.done()
+            ):
+                w.fut.set_result(grant)
 
     def _return(self, req: LeaseRequest, grant: object) -> None:
         """Give back the leases of a grant whose client is gone (released, key forgotten)."""
@@ -576,6 +695,7 @@ class DataflowService:
 
     async def ack(self, batch_id: str, req: BatchAck) -> Ack:
         result = await self.store.run(lambda tx: batching.ack(self.ctx, tx, batch_id, req))
+        self._news_generation += 1  # the run may be done now
         self._signal()
         return result
 
@@ -606,6 +726,7 @@ class DataflowService:
             )
 
         result = await self.store.run(op)
+        self._news_generation += 1
         self._signal()
         return result
 
@@ -614,6 +735,7 @@ class DataflowService:
         ``stop``/``done``, ``wait_done`` returns), so each service leaves the way it leaves at
         the end of a run; durable, so a restarted service stays stopped."""
         first = await self.store.run(lambda tx: state.stop(tx, req.reason))
+        self._news_generation += 1
         self._signal()  # parked lease, batch and status requests answer now
         if first:
             log.warning("run stopped: %s", req.reason)

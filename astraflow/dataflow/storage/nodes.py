@@ -62,6 +62,11 @@ def touch(tx: Tx, node_id: str, now: float, versions: dict[str, int] | None) -> 
         tx.execute("UPDATE nodes SET last_heartbeat=? WHERE id=?", (now, node_id))
 
 
+def last_heartbeat(tx: Tx, node_id: str) -> float | None:
+    """When the node's last sign of life was recorded (None: never registered)."""
+    return tx.scalar("SELECT last_heartbeat FROM nodes WHERE id=?", (node_id,))
+
+
 def set_metrics(tx: Tx, node_id: str, metrics: dict[str, float]) -> None:
     tx.execute("UPDATE nodes SET metrics=? WHERE id=?", (json.dumps(metrics), node_id))
 
