@@ -433,6 +433,28 @@ def render_dataflow_scale(data: Json) -> list[str]:
     return out
 
 
+def render_chaos(data: Json) -> list[str]:
+    """``chaos.py``: the fault runs' invariants, then the episode trial with and without saves."""
+    out = md_table(
+        ["runs", "SIGKILLs", "SIGSTOPs", "restarts", "runs completed", "invariant violations"],
+        [[num(data.get(k), "{}") for k in ("runs", "kills", "stops", "restarts",
+                                            "runs_completed", "invariant_violations")]],
+    )  # fmt: skip
+    for seed, what in (data.get("violations") or {}).items():
+        out.append(f"- seed {seed}: " + "; ".join(map(str, what)))
+    trials = data.get("episode_trials") or []
+    if trials:
+        keys = ("turns_generated", "turns_trained", "turns_redone", "episodes_resumed",
+                "turns_resumed")  # fmt: skip
+        out += ["", *md_table(
+            ["episodes saved in flight", "turns generated", "turns trained", "turns redone",
+             "episodes resumed", "turns resumed"],
+            [[("yes" if t.get("mode") == "checkpoints" else "no"),
+              *(num(t.get(k), "{}") for k in keys)] for t in trials],
+        )]  # fmt: skip
+    return out
+
+
 SECTIONS: list[Section] = [
     Section(
         "agentic_tools",
@@ -539,6 +561,36 @@ SECTIONS: list[Section] = [
                 "Dataflow store per trained sample (10,000-step run)",
                 "store_bytes_per_sample",
                 lambda v: num(v, "{:.0f}", " bytes"),
+            ),
+        ),  # fmt: skip
+    ),
+    Section(
+        "chaos",
+        "Runs under faults, and episodes when a node dies (`tests/bench/chaos.py`)",
+        "Real quickstart-size runs (`astraflow train`, two rollout nodes, evaluations on) while "
+        "a seeded schedule SIGKILLs (the launcher restarts) or SIGSTOPs for a few seconds the "
+        "dataflow service, the trainer or a node; afterwards the run's store and metrics are "
+        "checked: final version = max_steps everywhere, each step once on its own batch, no "
+        "sample trained twice, no task lost, no evaluation from a discarded timeline. Then a "
+        "node is SIGKILLed in the middle of 6-turn episodes, with and without episodes saved "
+        "in flight (`rollout.checkpoint_after_s = 0`); turns redone: generated, then thrown "
+        "away.",
+        render_chaos,
+        headline=(
+            (
+                "Runs under SIGKILL / SIGSTOP faults: invariant violations",
+                "invariant_violations",
+                lambda v: num(v, "{}"),
+            ),
+            (
+                "A node killed mid-episode: turns redone, episodes saved in flight",
+                "episode_turns_redone.checkpoints",
+                lambda v: num(v, "{:.1f}"),
+            ),
+            (
+                "... without saved episodes",
+                "episode_turns_redone.no_checkpoints",
+                lambda v: num(v, "{:.1f}"),
             ),
         ),  # fmt: skip
     ),
