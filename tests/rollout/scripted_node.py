@@ -9,9 +9,9 @@ episodes in flight, pushes.
 
 from __future__ import annotations
 
-import argparse
-import logging
 import sys
+
+from node_script import node_parser, run_node
 
 from astraflow.rollout import main as rollout_main
 from astraflow.rollout.engines.scripted import ScriptedEngine
@@ -19,20 +19,13 @@ from astraflow.rollout.workflows.base import RolePolicy
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--join", required=True)
-    parser.add_argument("--token", required=True)
-    parser.add_argument("--name", default="scripted")
+    parser = node_parser("scripted")
     parser.add_argument("--reply", default="no idea")
     parser.add_argument("--version", type=int, default=0)
-    parser.add_argument("--concurrency", type=int, default=None)
-    parser.add_argument("--drain-timeout", type=float, default=60.0)
     parser.add_argument(
         "--calls-log", default=None, help="append a line per generation here (turns generated)"
     )
     args = parser.parse_args()
-    logging.basicConfig(level="INFO", format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
 
     calls = open(args.calls_log, "a", buffering=1) if args.calls_log else None  # noqa: SIM115
 
@@ -50,15 +43,7 @@ def main() -> int:
             served[name] = RolePolicy(name, engine, rollout_main._sampling(cfg), cfg.trainable)
         return served
 
-    rollout_main.build_policies = build
-    opts = rollout_main.NodeOptions(
-        join=args.join,
-        token=args.token,
-        name=args.name,
-        concurrency=args.concurrency,
-        drain_timeout_s=args.drain_timeout,
-    )
-    return rollout_main.run_node(opts)
+    return run_node(args, build)
 
 
 if __name__ == "__main__":

@@ -8,25 +8,18 @@ usually lands while its push is already under way). Everything else is the real 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import logging
 import sys
+
+from node_script import node_parser, run_node
 
 from astraflow.rollout import main as rollout_main
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--join", required=True)
-    parser.add_argument("--token", required=True)
-    parser.add_argument("--name", default="slow")
+    parser = node_parser("slow")
     parser.add_argument("--delay", type=float, default=0.5)
-    parser.add_argument("--concurrency", type=int, default=None)
-    parser.add_argument("--drain-timeout", type=float, default=60.0)
     args = parser.parse_args()
-    logging.basicConfig(level="INFO", format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
 
     real_build = rollout_main.build_policies
 
@@ -42,15 +35,7 @@ def main() -> int:
             policy.engine.generate = slow_generate
         return served
 
-    rollout_main.build_policies = build
-    opts = rollout_main.NodeOptions(
-        join=args.join,
-        token=args.token,
-        name=args.name,
-        concurrency=args.concurrency,
-        drain_timeout_s=args.drain_timeout,
-    )
-    return rollout_main.run_node(opts)
+    return run_node(args, build)
 
 
 if __name__ == "__main__":

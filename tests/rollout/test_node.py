@@ -46,15 +46,6 @@ from node_helpers import (  # noqa: E402
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
-@pytest.fixture
-def procs():
-    """Every process a test starts goes here and is stopped (by PID) whatever happens."""
-    started = []
-    yield started
-    for p in reversed(started):
-        p.stop()
-
-
 def _active_leases(df: Dataflow, nid: str) -> list[tuple[str, str]]:
     return [
         (lease.id, lease.task_id)

@@ -55,14 +55,6 @@ def _scripted(tmp_path, df, name, reply, version, *extra):
     )  # fmt: skip
 
 
-@pytest.fixture
-def procs():
-    started = []
-    yield started
-    for p in reversed(started):
-        p.stop()
-
-
 def _freeze_with_group_saved(df, proc, name, timeout=90.0):
     """SIGSTOP ``proc`` at a moment when it holds an active lease whose every episode is saved
     at turn 2 or later and still in flight; returns (lease, saved episodes by index)."""
