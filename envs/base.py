@@ -114,6 +114,14 @@ class StateMixin:
         self.turn = turn
         self._last_obs = str(state.get("last_obs", ""))
 
+    def _saved_count(self, state: dict[str, Any], key: str) -> int:
+        """A count a subclass saved beside the base state (0 when absent); raises when it is not
+        a count."""
+        value = state.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{type(self).__name__}: saved {key} {value!r} is not a count")
+        return value
+
 
 class TextEnv(gym.Env):
     """A multi-turn text environment.

@@ -87,10 +87,7 @@ class SearchToolsEnv(ToolEnv):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        searches = state.get("searches", 0)
-        if isinstance(searches, bool) or not isinstance(searches, int) or searches < 0:
-            raise ValueError(f"SearchToolsEnv: saved searches {searches!r} is not a count")
-        self.searches = searches
+        self.searches = self._saved_count(state, "searches")
 
     def _score(self, answer: str) -> tuple[float, dict[str, Any]]:
         em, f1 = best_scores(answer, self.search_env._golds)

@@ -154,10 +154,7 @@ class ToolEnv(StateMixin, TextEnv):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        calls = state.get("tool_calls", 0)
-        if isinstance(calls, bool) or not isinstance(calls, int) or calls < 0:
-            raise ValueError(f"ToolEnv: saved tool_calls {calls!r} is not a count")
-        self.tool_calls = calls
+        self.tool_calls = self._saved_count(state, "tool_calls")
 
     # ------------------------------------------------------------------ running calls
     def _prepare(self, call: ToolCall) -> tuple[FunctionTool, dict[str, Any]] | str:
