@@ -351,9 +351,8 @@ def _remember(ctx: Context, tx: Tx, key: str | None, reply: LeaseGrant) -> bytes
 
 
 def heartbeat(ctx: Context, tx: Tx, node_id: str, hb: Heartbeat) -> HeartbeatReply:
-    touch_node(ctx, tx, node_id, hb.versions)
-    if hb.metrics:
-        storage.nodes.set_metrics(tx, node_id, kept_metrics(tx, node_id, hb.metrics))
+    check_node(node_id, storage.nodes.state(tx, node_id))
+    _record_beat(tx, node_id, ctx.now(), hb)
     expire_overdue(ctx, tx)
     now = ctx.now()
     renewed = storage.leases.active_of_node(tx, node_id)
@@ -406,11 +405,16 @@ def record_liveness(ctx: Context, tx: Tx, beats: dict[str, Heartbeat], at: dict[
     for node_id, hb in beats.items():
         if live.get(node_id) != "active":
             continue
-        storage.nodes.touch(tx, node_id, at[node_id], hb.versions)
-        if hb.metrics:
-            storage.nodes.set_metrics(tx, node_id, kept_metrics(tx, node_id, hb.metrics))
+        _record_beat(tx, node_id, at[node_id], hb)
         n += 1
     return n
+
+
+def _record_beat(tx: Tx, node_id: str, at: float, hb: Heartbeat) -> None:
+    """One heartbeat's sign of life: when, the versions the node holds, its kept metrics."""
+    storage.nodes.touch(tx, node_id, at, hb.versions)
+    if hb.metrics:
+        storage.nodes.set_metrics(tx, node_id, kept_metrics(tx, node_id, hb.metrics))
 
 
 def kept_metrics(tx: Tx, node_id: str, metrics: dict[str, float]) -> dict[str, float]:
