@@ -9,7 +9,7 @@ from dataflow_helpers import TOKEN, ThreadedService, make_recipe
 schemathesis = pytest.importorskip(
     "schemathesis", reason="schemathesis not installed (pip install schemathesis)"
 )
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis.errors import Unsatisfiable  # noqa: E402
 
 MAX_EXAMPLES = 15
@@ -277,6 +277,21 @@ def test_semantic_fuzz_of_packed_msgpack_pushes_produces_no_server_errors(tmp_pa
 
         @settings(
             max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        )
+        def traj(tokens, logprobs):
+            return {
+                "role": "agent",
+                "tokens": np.asarray(tokens, dtype="<i4").tobytes(),
+                "loss_mask": np.asarray([0] + [1] * (len(tokens) - 1), dtype="<i4").tobytes(),
+                "logprobs": np.asarray(logprobs, dtype="<f4").tobytes(),
+                "versions": np.zeros(len(tokens), dtype="<i4").tobytes(),
+            }
+
+        # The random draws reach a deep check only when every field before it passes, which 60
+        # draws did not always do; these two reach the token and log-prob checks every run.
+        @example(trajs=[traj([1, vocab], [0.0, -0.5])], lease_i=0, reward=1.0, key=None, extra={})
+        @example(
+            trajs=[traj([1, 2], [0.0, float("nan")])], lease_i=0, reward=1.0, key=None, extra={}
         )
         @given(
             trajs=st.lists(arrays, min_size=1, max_size=2),
