@@ -195,6 +195,36 @@ def _stock_trl(bench_trl, recipe, model_path, batches: list[Batch], out: Path):
     return trainer, rows, settings
 
 
+def _scored_on_policy(batch: Batch, model_path: str, temperature: float) -> Batch:
+    """``batch`` with every sample's log-probs recomputed by the model being trained.
+
+    Stock TRL without vLLM has no behaviour policy: it takes its own forward's log-probs as
+    the old ones, so its importance ratio is 1. AstraFlow folds ``min(pi_prox / pi_behaviour,
+    cap)`` in with the engine's log-probs, which differ from a training forward by float noise
+    that depends on the rollouts. Scored by the trained weights themselves (one sample at a
+    time, float64), AstraFlow's ratio is 1 to float rounding too, and the comparison is of the
+    objectives alone."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float64).eval()
+    groups = []
+    with torch.no_grad():
+        for group in batch.groups:
+            samples = []
+            for s in group.samples:
+                ids = torch.tensor([s.tokens])
+                logits = model(input_ids=ids).logits[0, :-1] / temperature
+                logps = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+                scored = [0.0] + [float(x) for x in logps]
+                logprobs = [
+                    scored[i] if m else lp
+                    for i, (m, lp) in enumerate(zip(s.loss_mask, s.logprobs, strict=True))
+                ]
+                samples.append(s.model_copy(update={"logprobs": logprobs}))
+            groups.append(group.model_copy(update={"samples": samples}))
+    return batch.model_copy(update={"groups": groups})
+
+
 def _rows(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
     """Each row's ids where ``mask`` is set (padding of either side removed)."""
     return [
@@ -205,6 +235,10 @@ def _rows(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
 def _loss_and_grad(trainer, inputs):
     # what Trainer.train sets before the first step (one accumulation window per batch)
     trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
+    # float64: the gradient sums per-token terms of both signs (advantages of both signs), and
+    # in float32 their rounding left 1e-5 to 1.2e-4 of relative difference between two runs of
+    # the same objective that only batch their reductions differently
+    trainer.model.double()
     trainer.model.train()
     trainer.model.zero_grad()
     out = trainer._generate_and_score_completions(inputs)
@@ -232,6 +266,9 @@ def test_one_multi_turn_batch_gives_trls_mask_loss_and_gradient(
         batch = rollouts.batch()
     finally:
         rollouts.close()
+    batch = _scored_on_policy(
+        batch, tiny_model_path, recipe.policies[POLICY].sampling.temperature
+    )
     assert any(s.loss_mask.count(1) < len(s.tokens) - s.prompt_length for s in batch.samples), (
         "the batch should hold multi-turn samples (feedback tokens inside the completion)"
     )
