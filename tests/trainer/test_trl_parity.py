@@ -266,9 +266,7 @@ def test_one_multi_turn_batch_gives_trls_mask_loss_and_gradient(
         batch = rollouts.batch()
     finally:
         rollouts.close()
-    batch = _scored_on_policy(
-        batch, tiny_model_path, recipe.policies[POLICY].sampling.temperature
-    )
+    batch = _scored_on_policy(batch, tiny_model_path, recipe.policies[POLICY].sampling.temperature)
     assert any(s.loss_mask.count(1) < len(s.tokens) - s.prompt_length for s in batch.samples), (
         "the batch should hold multi-turn samples (feedback tokens inside the completion)"
     )
