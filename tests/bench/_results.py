@@ -3,9 +3,11 @@ policy, built from the run's metrics records; and the per-system figures every c
 
 from __future__ import annotations
 
+import json
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from _records import EvalPoint, eval_points, idle_fraction, mean_reward, step_records
@@ -89,6 +91,50 @@ class RunResult:
             "run_dir": self.run_dir,
             "policies": {k: v.to_json() for k, v in self.policies.items()},
         }
+
+
+class RunJournal:
+    """Finished runs appended to a JSON-lines file as they end, so that a bench of hours stopped
+    part-way (a session ending, a crash) continues where it was instead of starting over.
+
+    The first line holds the bench's settings; a journal written under other settings is refused
+    (its runs would not be comparable). Each further line is one run: ``{"case", "run"}``."""
+
+    def __init__(self, path: Path, settings: dict[str, Any]) -> None:
+        self.path = path
+        self._done: dict[tuple[str, str, int], RunResult] = {}
+        header = json.loads(json.dumps({"settings": settings}))  # as it reads back
+        if path.exists() and path.stat().st_size:
+            first, *rest = path.read_text().splitlines()
+            if json.loads(first) != header:
+                raise SystemExit(
+                    f"{path} was written under other settings; remove it or pass another "
+                    f"--journal path (it holds {json.loads(first)['settings']})"
+                )
+            for line in rest:
+                if line.strip():
+                    rec = json.loads(line)
+                    run = RunResult.from_json(rec["run"])
+                    self._done[(rec["case"], run.system, run.seed)] = run
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(header) + "\n")
+
+    def __len__(self) -> int:
+        return len(self._done)
+
+    def run(self, case: str, system: str, seed: int, job: Callable[[], RunResult]) -> RunResult:
+        """The journal's run of ``(case, system, seed)`` when it finished before, else ``job()``
+        (recorded when it succeeded: a failed run is tried again next time)."""
+        done = self._done.get((case, system, seed))
+        if done is not None:
+            return done
+        result = job()
+        if result.ok:
+            with self.path.open("a") as f:
+                f.write(json.dumps({"case": case, "run": result.to_json()}) + "\n")
+            self._done[(case, system, seed)] = result
+        return result
 
 
 def successful_runs(runs: Iterable[RunResult], order: Sequence[str]) -> dict[str, list[RunResult]]:

@@ -953,6 +953,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sandbox-seeds", type=int, default=1, help="seeds of the sandbox case")
     ap.add_argument("--tools-steps", type=int, default=None, help="steps of the tools case")
     ap.add_argument("--tools-seeds", type=int, default=None, help="seeds of the tools case")
+    ap.add_argument(
+        "--journal",
+        type=Path,
+        default=None,
+        help="append each finished run here (JSON lines) and skip the runs it already holds: "
+        "a long run stopped part-way continues",
+    )
     _cli.add_set_flag(ap)
     T.add_worker_args(ap)
     ns = ap.parse_args(argv)
@@ -1022,25 +1029,39 @@ def main(argv: list[str] | None = None) -> int:
             return run_astraflow(system.removeprefix("astraflow_"), seed, steps, every, tasks,
                                  workdir, timeout, case_settings, extra, case=case)  # fmt: skip
 
+        journal = None
+        if ns.journal and not ns.from_json:
+            journal = _results.RunJournal(
+                ns.journal,
+                {"math": settings if seeds else None, "sandbox": sandbox_settings,
+                 "tools": tools_settings, "systems": systems, "extra": extra},
+            )  # fmt: skip
+            _report.console.print(f"journal {ns.journal}: {len(journal)} runs done before")
+
+        def logged(case: str, system: str, seed: int, label: str, job, figures):
+            if journal is None:
+                return _runs.run_logged(label, job, figures)
+            return journal.run(case, system, seed, lambda: _runs.run_logged(label, job, figures))
+
         accuracy = _train_and("final accuracy", "accuracy_final", "{:.3f}")
         throughput = _train_and("samples/s", "samples_per_s", "{:.1f}")
         for seed in range(seeds):
             for system in systems:
                 label = f"{system} seed {seed} ({steps} steps, eval every {eval_every})"
                 job = partial(run, "math", system, seed, steps, eval_every, eval_tasks, settings)
-                runs.append(_runs.run_logged(label, job, accuracy))
+                runs.append(logged("math", system, seed, label, job, accuracy))
         for seed in range(ns.sandbox_seeds if sandbox_settings and not ns.from_json else 0):
             for system in systems:
                 label = f"sandbox {system} seed {seed} ({sandbox_steps} steps)"
                 job = partial(run, "sandbox", system, seed, sandbox_steps, 1, 0, sandbox_settings)
-                sandbox_runs.append(_runs.run_logged(label, job, throughput))
+                sandbox_runs.append(logged("sandbox", system, seed, label, job, throughput))
         for seed in range(tools_seeds if tools_settings and not ns.from_json else 0):
             for system in systems:
                 t = tools_settings or {}
                 label = f"tools {system} seed {seed} ({tools_steps} steps)"
                 job = partial(run, "tools", system, seed, tools_steps, t["eval_every"],
                               t["eval_tasks"], t)  # fmt: skip
-                tools_runs.append(_runs.run_logged(label, job, accuracy))
+                tools_runs.append(logged("tools", system, seed, label, job, accuracy))
         summary = analyse(runs, settings) if runs else {}
         if runs:
             print_report(summary, runs)

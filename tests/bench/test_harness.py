@@ -256,6 +256,42 @@ def test_saved_runs_reload_for_reanalysis():
     assert _records.time_to_accuracy(again.policies["policy"].evals, 0.4) == 9.0
 
 
+def test_a_journal_keeps_finished_runs_and_skips_them_when_run_again(tmp_path):
+    """``agentic.py --journal``: a bench stopped part-way runs only what it had not finished, and
+    a journal written under other settings is refused."""
+    path = tmp_path / "journal.jsonl"
+    settings = {"steps": 20, "seeds": 8}
+    calls: list[tuple[str, int]] = []
+
+    def job(system: str, seed: int, ok: bool = True):
+        def run() -> _results.RunResult:
+            calls.append((system, seed))
+            result = _results.RunResult(system, seed, ok, 10.0 + seed, t0=T0)
+            result.policies["policy"] = _results.summarize_policy(
+                [step("policy", 1, 5.0)], "policy", T0
+            )
+            return result
+
+        return run
+
+    first = _results.RunJournal(path, settings)
+    first.run("math", "trl", 0, job("trl", 0))
+    first.run("math", "trl", 1, job("trl", 1, ok=False))  # failed: tried again next time
+    assert calls == [("trl", 0), ("trl", 1)]
+
+    again = _results.RunJournal(path, settings)
+    assert len(again) == 1
+    kept = again.run("math", "trl", 0, job("trl", 0))
+    assert kept.to_json() == first.run("math", "trl", 0, job("trl", 0)).to_json()
+    again.run("math", "trl", 1, job("trl", 1))
+    assert calls == [("trl", 0), ("trl", 1), ("trl", 1)]
+    again.run("tools", "trl", 0, job("trl", 0))  # another case is another run
+    assert len(_results.RunJournal(path, settings)) == 3
+
+    with pytest.raises(SystemExit, match="other settings"):
+        _results.RunJournal(path, settings | {"steps": 6})
+
+
 def test_a_running_run_is_watched_through_its_status_route(tmp_path):
     """``_status.read_status`` finds the service the way the launcher does (``dataflow.url``,
     ``run.secret``) and reads the typed ``/status``; nothing before the service is up."""
