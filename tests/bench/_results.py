@@ -98,7 +98,8 @@ class RunJournal:
     part-way (a session ending, a crash) continues where it was instead of starting over.
 
     The first line holds the bench's settings; a journal written under other settings is refused
-    (its runs would not be comparable). Each further line is one run: ``{"case", "run"}``."""
+    (its runs would not be comparable), except for the number of seeds: a run of 8 seeds stopped
+    after 5 reports its 5 with ``--seeds 5``. Each further line is one run: ``{"case", "run"}``."""
 
     def __init__(self, path: Path, settings: dict[str, Any]) -> None:
         self.path = path
@@ -106,7 +107,7 @@ class RunJournal:
         header = json.loads(json.dumps({"settings": settings}))  # as it reads back
         if path.exists() and path.stat().st_size:
             first, *rest = path.read_text().splitlines()
-            if json.loads(first) != header:
+            if _without_seeds(json.loads(first)) != _without_seeds(header):
                 raise SystemExit(
                     f"{path} was written under other settings; remove it or pass another "
                     f"--journal path (it holds {json.loads(first)['settings']})"
@@ -135,6 +136,12 @@ class RunJournal:
                 f.write(json.dumps({"case": case, "run": result.to_json()}) + "\n")
             self._done[(case, system, seed)] = result
         return result
+
+
+def _without_seeds(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_seeds(v) for k, v in value.items() if k != "seeds"}
+    return value
 
 
 def successful_runs(runs: Iterable[RunResult], order: Sequence[str]) -> dict[str, list[RunResult]]:

@@ -288,6 +288,7 @@ def test_a_journal_keeps_finished_runs_and_skips_them_when_run_again(tmp_path):
     again.run("tools", "trl", 0, job("trl", 0))  # another case is another run
     assert len(_results.RunJournal(path, settings)) == 3
 
+    assert len(_results.RunJournal(path, settings | {"seeds": 5})) == 3  # fewer seeds: reported
     with pytest.raises(SystemExit, match="other settings"):
         _results.RunJournal(path, settings | {"steps": 6})
 
