@@ -284,6 +284,67 @@ def render_multi_lora(data: Json) -> list[str]:
     return out + settings if settings else out[:-1]
 
 
+def render_agentic(data: Json) -> list[str]:
+    """The math case of ``agentic.py``: per system the race to the fixed target and final
+    accuracy at equal samples; then the paired speed-ups and the accuracy gap, the ladder and the
+    plot."""
+    systems = data.get("systems") or {}
+    seeds = dig(data, "settings.seeds")
+    rows = []
+    for name, d in systems.items():
+        fin = d.get("final_acc_mean_sd") or {}
+        reached = f"{num(d.get('time_to_target_reached'), '{}')}/{num(d.get('runs'), '{}')}"
+        rows.append([
+            f"**{name}**", num(d.get("runs"), "{}"), spread(d.get("trained_samples"), "{:.0f}"),
+            spread(d.get("samples_per_s"), "{:.1f}"), spread(d.get("trainer_idle"), "{:.2f}"),
+            spread(d.get("staleness_mean"), "{:.2f}"), spread(d.get("acc_before")),
+            f"{num(fin.get('mean'), '{:.3f}')} ± {num(fin.get('sd'), '{:.3f}')}",
+            spread(d.get("time_to_target_s"), "{:.0f}", " s"), reached,
+        ])  # fmt: skip
+    out = [f"Per system (median [min-max] over {num(seeds, '{}')} seeds; final accuracy mean ± sd):",
+           ""]  # fmt: skip
+    out += md_table(["system", "seeds", "trained samples", "samples/s", "trainer idle",
+                     "staleness", "held-out acc at start", "final acc",
+                     f"time to {num(data.get('target_acc'), '{:.3f}')}", "reached"],
+                    rows)  # fmt: skip
+    gap = data.get("final_acc_gap_async_vs_sync_paired") or {}
+    out += ["", f"Target fixed before the runs: the start accuracy + "
+            f"{num(data.get('target_gain'), '{:.2f}')} = {num(data.get('target_acc'), '{:.3f}')}. "
+            "Speed-ups are times to that target (seeds paired; a seed where only the faster "
+            "system got there has no ratio and is counted apart):", ""]  # fmt: skip
+
+    def speed(key: str) -> list[str]:
+        p = data.get(f"{key}_paired") or {}
+        return [ratio(data.get(key)), cell(p) if p else "-", num(p.get("only_system"), "{}")]
+
+    out += md_table(
+        ["figure", "ratio of medians", "per seed, geo mean [95% CI]", "seeds only async reached",
+         "target"],
+        [["AstraFlow async vs TRL", *speed("speedup_vs_trl"), ">= 3x"],
+         ["AstraFlow async vs sync", *speed("speedup_async_over_sync"), ">= 2x"],
+         ["AstraFlow sync vs TRL", ratio(data.get("speedup_sync_vs_trl")), "", "", ""]],
+    )  # fmt: skip
+    ci = gap.get("ci95") or [None, None]
+    out += ["", f"Final accuracy at equal trained samples, async - sync, paired over "
+            f"{num(gap.get('n'), '{}')} seeds: {num(gap.get('mean'), '{:+.3f}')} "
+            f"[{num(ci[0], '{:+.3f}')}, {num(ci[1], '{:+.3f}')}] (target: 0 inside the "
+            f"interval, or above it). Samples/s, async / TRL: "
+            f"{ratio(data.get('samples_per_s_async_over_trl'))}."]  # fmt: skip
+    ladder = [lvl for lvl in data.get("ladder") or []
+              if any(dig(d, f"time_to_acc.{lvl}") is not None for d in systems.values())]  # fmt: skip
+    if ladder:
+        out += ["", "Time to each rung of the fixed accuracy ladder (median over seeds, - where "
+                "half the seeds or more never got there):", ""]  # fmt: skip
+        out += md_table(["accuracy", *systems],
+                        [[lvl, *(num(dig(d, f"time_to_acc.{lvl}"), "{:.0f}", " s")
+                                 for d in systems.values())] for lvl in ladder])  # fmt: skip
+    plot = data.get("plot")
+    if isinstance(plot, str) and not Path(plot).is_absolute() and (REPO / plot).exists():
+        out += ["", f"![{Path(plot).stem}](../{plot})"]
+    settings = render_settings(data)
+    return out + ["", *settings] if settings else out
+
+
 def render_agentic_tools(data: Json) -> list[str]:
     """The function-calling case of ``agentic.py`` (``--cases tools``): its figures live under
     ``tools``, with settings of their own (the top-level settings are the math case's)."""
@@ -456,6 +517,35 @@ def render_chaos(data: Json) -> list[str]:
 
 
 SECTIONS: list[Section] = [
+    Section(
+        "agentic",
+        "Agentic multi-turn training under tool latency: TRL vs AstraFlow lock-step and async "
+        "(`tests/bench/agentic.py --cases math`)",
+        "The built-in tiny policy on `MathMultiTurn-v0` (up to 3 tries with feedback), every env "
+        "step delayed log-normally (p50 0.3 s, p99 5 s). TRL 1.16's `GRPOTrainer` with the same "
+        "multi-turn loop, AstraFlow's lock-step mode and its asynchronous dataflow (staleness-"
+        "aware admission) train the same steps of the same batch size with the same loss and "
+        "learning rate. Held-out accuracy (greedy first answer, 500 problems) is evaluated off "
+        "every system's clock and placed at the time its step was committed.",
+        render_agentic,
+        headline=(
+            (
+                "Agentic multi-turn math: time to a fixed target accuracy, AstraFlow async vs TRL (target >= 3x)",
+                "speedup_vs_trl",
+                ratio,
+            ),
+            (
+                "... AstraFlow async vs its lock-step mode (target >= 2x)",
+                "speedup_async_over_sync",
+                ratio,
+            ),
+            (
+                "... final accuracy at equal samples, async - sync (paired 95% CI)",
+                "final_acc_gap_async_vs_sync_paired",
+                cell,
+            ),
+        ),  # fmt: skip
+    ),
     Section(
         "agentic_tools",
         "Function calling under tool latency: TRL's own tool loop vs AstraFlow "
