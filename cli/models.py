@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from astraflow.models import tiny_arith, tiny_tools
 from cli.common import console, fail
 
 app = typer.Typer(help="Built-in models.", no_args_is_help=True)
@@ -42,8 +43,8 @@ def build(
     ),
     steps: Optional[int] = typer.Option(
         None,
-        help="Most warm-start optimizer steps (0 = random init; default 1200 for tiny-arith, "
-        "400 for tiny-tools).",
+        help="Most warm-start optimizer steps (0 = random init; default "
+        f"{tiny_arith.DEFAULT_STEPS} for tiny-arith, {tiny_tools.DEFAULT_STEPS} for tiny-tools).",
     ),
     target_accuracy: float = typer.Option(
         0.25,
@@ -64,8 +65,6 @@ def build(
         fail(f"--target-accuracy must be in [0, 1], got {target_accuracy}")
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from astraflow.models import tiny_arith, tiny_tools
 
     builder = tiny_tools if name == "tiny-tools" else tiny_arith
     total = builder.DEFAULT_STEPS if steps is None else steps
