@@ -818,6 +818,24 @@ class Recipe(Section):
         return self
 
     @model_validator(mode="after")
+    def _lock_step_rounds_fit_every_policy(self) -> Recipe:
+        """A lock-step round is one task per group of the largest ``groups_per_step`` and every
+        policy trains one step on all of the round's groups; a policy asking for fewer would
+        silently train more samples per step than its recipe says (and than async trains)."""
+        if self.run.mode != "sync":
+            return self
+        sizes = {p: self.policies[p].trainer.groups_per_step for p in self.trainable_policies()}
+        if len(set(sizes.values())) > 1:
+            listed = ", ".join(f"{p} {n}" for p, n in sizes.items())
+            raise ValueError(
+                'run.mode = "sync" trains every policy one step per round on all of the '
+                "round's groups, so trainable policies need the same trainer.groups_per_step "
+                f'(here {listed}); set them equal, or use run.mode = "async" (each policy steps '
+                "at its own groups_per_step)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _autoscale_fits(self) -> Recipe:
         a = self.autoscale
         if not a.enabled:

@@ -309,6 +309,11 @@ def test_multi_policy_agentic_recipe():
         load_recipe(REPO / "recipes" / "multi_policy_agentic.toml", ['run.mode="sync"']).run.mode
         == "sync"
     )
+    with pytest.raises(RecipeError, match=r"same trainer\.groups_per_step \(here solver 16, "):
+        load_recipe(
+            REPO / "recipes" / "multi_policy_agentic.toml",
+            ['run.mode="sync"', "policies.solver.trainer.groups_per_step=16"],
+        )
     dist = LatencyDistribution.from_config(
         recipe.tasks.env_latency.model_dump(exclude={"on", "inner", "seed"})
     )
