@@ -53,7 +53,9 @@ def spread(d: Any, spec: str = "{:.3f}", unit: str = "") -> str:
     if not isinstance(d, dict) or d.get("median") is None:
         return "-"
     lo, hi = d.get("min"), d.get("max")
-    inner = f" [{num(lo, spec)}-{num(hi, spec)}]" if lo is not None and lo != hi else ""
+    # a censored spread (a time some seeds never reached) has no max
+    top = "never" if hi is None else num(hi, spec)
+    inner = f" [{num(lo, spec)}-{top}]" if lo is not None and lo != hi else ""
     return f"{num(d['median'], spec, unit)}{inner}"
 
 
