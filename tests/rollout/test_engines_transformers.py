@@ -35,18 +35,6 @@ def prompts_for(engine, count):
     return [engine.tokenizer.encode(f"{i * 7 % 50}+{i}=" + "x" * (i % 5)) for i in range(count)]
 
 
-def recompute_logprobs(model, prompt, completion, temperature):
-    """What the trainer computes: one unpadded forward over prompt + completion."""
-    ids = torch.tensor([prompt + completion])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()
-    logits = logits[len(prompt) - 1 : len(prompt) + len(completion) - 1]
-    if temperature > 0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    return logp.gather(1, torch.tensor(completion)[:, None]).squeeze(1)
-
-
 def test_concurrent_greedy_equals_one_at_a_time(model_dir):
     async def main():
         engine = TransformersEngine(str(model_dir), max_batch_size=16)
@@ -92,7 +80,7 @@ def test_requests_join_a_running_batch(model_dir):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.3])
-def test_logprobs_match_a_trainer_forward_pass(model_dir, temperature):
+def test_logprobs_match_a_trainer_forward_pass(model_dir, temperature, trainer_logprobs):
     async def main():
         engine = TransformersEngine(str(model_dir), seed=3)
         prompts = prompts_for(engine, 8)
@@ -103,7 +91,7 @@ def test_logprobs_match_a_trainer_forward_pass(model_dir, temperature):
 
     model, prompts, outs = run(main())
     for prompt, gen in zip(prompts, outs, strict=True):
-        expected = recompute_logprobs(model, prompt, gen.token_ids, temperature)
+        expected = trainer_logprobs(model, prompt, gen.token_ids, temperature)
         assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-4), (
             gen.logprobs,
             expected.tolist(),
@@ -229,7 +217,7 @@ def _make_delta(old_state, new_state):
     return SparseDelta.compute(old_state, new_state)
 
 
-def test_delta_update_is_applied_in_place(model_dir, other_model_dir):
+def test_delta_update_is_applied_in_place(model_dir, other_model_dir, trainer_logprobs):
     from safetensors.torch import load_file
 
     old_state = load_file(str(model_dir / "model.safetensors"))
@@ -258,7 +246,7 @@ def test_delta_update_is_applied_in_place(model_dir, other_model_dir):
     assert all(a[0].version == 1 for a in after) and all(b[0].version == 0 for b in before)
     assert any(b[0].token_ids != a[0].token_ids for b, a in zip(before, after, strict=True))
     for prompt, gen in zip(prompts, after, strict=True):
-        expected = recompute_logprobs(model, prompt, gen[0].token_ids, 0.0)
+        expected = trainer_logprobs(model, prompt, gen[0].token_ids, 0.0)
         assert torch.allclose(torch.tensor(gen[0].logprobs), expected, atol=1e-4)
 
 
@@ -288,7 +276,7 @@ def test_bad_inputs_are_rejected_clearly(model_dir):
         make_engine("tgi", str(model_dir))
 
 
-def test_builtin_tiny_arith_model_generates():
+def test_builtin_tiny_arith_model_generates(trainer_logprobs):
     from astraflow.models import resolve_model
 
     try:
@@ -313,7 +301,7 @@ def test_builtin_tiny_arith_model_generates():
     model, prompt, outs = run(main())
     assert len(outs) == 4
     for gen in outs:
-        expected = recompute_logprobs(model, prompt, gen.token_ids, 1.0)
+        expected = trainer_logprobs(model, prompt, gen.token_ids, 1.0)
         assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-4)
 
 
@@ -412,7 +400,7 @@ def test_waiting_requests_are_served_by_priority(model_dir):
 @pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is false)"
 )
-def test_generate_and_delta_update_on_cuda(model_dir, other_model_dir):
+def test_generate_and_delta_update_on_cuda(model_dir, other_model_dir, trainer_logprobs):
     """The same engine code on a GPU: the model sits on CUDA, greedy completions carry the
     log-probs a CPU forward pass computes, and a delta lands bit-exact in the CUDA weights."""
     from safetensors.torch import load_file
@@ -442,5 +430,5 @@ def test_generate_and_delta_update_on_cuda(model_dir, other_model_dir):
         cpu_model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
         for prompt, gen in zip(prompts, gens, strict=True):
             assert gen[0].token_ids, "an empty completion"
-            expected = recompute_logprobs(cpu_model, prompt, gen[0].token_ids, 0.0)
+            expected = trainer_logprobs(cpu_model, prompt, gen[0].token_ids, 0.0)
             assert torch.allclose(torch.tensor(gen[0].logprobs), expected, atol=1e-3)

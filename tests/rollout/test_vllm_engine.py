@@ -76,16 +76,6 @@ def prompts_for(tokenizer, count=6):
     return [tokenizer.encode(f"{i * 13 % 90}+{i}=") for i in range(count)]
 
 
-def recompute_logprobs(model, prompt, completion, temperature):
-    ids = torch.tensor([prompt + completion])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()
-    logits = logits[len(prompt) - 1 : len(prompt) + len(completion) - 1]
-    if temperature > 0:
-        logits = logits / temperature
-    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
-
-
 def gather(loop, engine, prompts, params):
     async def main():
         return await asyncio.gather(*[engine.generate(p, params) for p in prompts])
@@ -106,7 +96,7 @@ def test_greedy_matches_the_transformers_engine(loop, engines):
         assert a.version == 0
 
 
-def test_sampled_logprobs_are_at_the_sampling_temperature(loop, engines):
+def test_sampled_logprobs_are_at_the_sampling_temperature(loop, engines, trainer_logprobs):
     vllm, reference = engines
     prompts = prompts_for(reference.tokenizer, 4)
     params = SamplingParams(n=2, temperature=0.8, max_tokens=16, seed=5)
@@ -118,7 +108,7 @@ def test_sampled_logprobs_are_at_the_sampling_temperature(loop, engines):
     for prompt, gens in zip(prompts, outs, strict=True):
         assert len(gens) == 2
         for gen in gens:
-            expected = recompute_logprobs(reference.model, prompt, gen.token_ids, 0.8)
+            expected = trainer_logprobs(reference.model, prompt, gen.token_ids, 0.8)
             assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-3)
 
 
@@ -140,7 +130,7 @@ def test_stop_token_ids_and_length(loop, engines):
     assert free[0].finish_reason == "length" and len(free[0].token_ids) == 12
 
 
-def test_weight_updates_full_then_delta(loop, engines, models):
+def test_weight_updates_full_then_delta(loop, engines, models, trainer_logprobs):
     from safetensors.torch import load_file
 
     vllm, reference = engines
@@ -172,7 +162,7 @@ def test_weight_updates_full_then_delta(loop, engines, models):
     after_delta = gather(loop, vllm, prompts, sampled)
     for prompt, gen in zip(prompts, after_delta, strict=True):
         assert gen.version == 2
-        fresh = recompute_logprobs(reference.model, prompt, gen.token_ids, 0.9)
+        fresh = trainer_logprobs(reference.model, prompt, gen.token_ids, 0.9)
         assert torch.allclose(torch.tensor(gen.logprobs), fresh, atol=1e-3)
 
 

@@ -195,8 +195,9 @@ def _stock_trl(bench_trl, recipe, model_path, batches: list[Batch], out: Path):
     return trainer, rows, settings
 
 
-def _scored_on_policy(batch: Batch, model_path: str, temperature: float) -> Batch:
-    """``batch`` with every sample's log-probs recomputed by the model being trained.
+def _scored_on_policy(batch: Batch, model_path: str, temperature: float, logprobs_of) -> Batch:
+    """``batch`` with every sample's log-probs recomputed by the model being trained
+    (``logprobs_of``: the ``trainer_logprobs`` fixture).
 
     Stock TRL without vLLM has no behaviour policy: it takes its own forward's log-probs as
     the old ones, so its importance ratio is 1. AstraFlow folds ``min(pi_prox / pi_behaviour,
@@ -208,20 +209,17 @@ def _scored_on_policy(batch: Batch, model_path: str, temperature: float) -> Batc
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float64).eval()
     groups = []
-    with torch.no_grad():
-        for group in batch.groups:
-            samples = []
-            for s in group.samples:
-                ids = torch.tensor([s.tokens])
-                logits = model(input_ids=ids).logits[0, :-1] / temperature
-                logps = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
-                scored = [0.0] + [float(x) for x in logps]
-                logprobs = [
-                    scored[i] if m else lp
-                    for i, (m, lp) in enumerate(zip(s.loss_mask, s.logprobs, strict=True))
-                ]
-                samples.append(s.model_copy(update={"logprobs": logprobs}))
-            groups.append(group.model_copy(update={"samples": samples}))
+    for group in batch.groups:
+        samples = []
+        for s in group.samples:
+            pl = s.prompt_length
+            scored = logprobs_of(model, s.tokens[:pl], s.tokens[pl:], temperature).tolist()
+            logprobs = list(s.logprobs[:pl]) + [
+                new if m else old
+                for new, old, m in zip(scored, s.logprobs[pl:], s.loss_mask[pl:], strict=True)
+            ]
+            samples.append(s.model_copy(update={"logprobs": logprobs}))
+        groups.append(group.model_copy(update={"samples": samples}))
     return batch.model_copy(update={"groups": groups})
 
 
@@ -256,7 +254,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo"])
 def test_one_multi_turn_batch_gives_trls_mask_loss_and_gradient(
-    loss_type, bench_trl, tiny_model_path, tmp_path
+    loss_type, bench_trl, tiny_model_path, tmp_path, trainer_logprobs
 ):
     """``dr_grpo`` divides by ``max_completion_length``: it agrees only when both sides use the
     same value (max_tokens x max_turns)."""
@@ -266,7 +264,8 @@ def test_one_multi_turn_batch_gives_trls_mask_loss_and_gradient(
         batch = rollouts.batch()
     finally:
         rollouts.close()
-    batch = _scored_on_policy(batch, tiny_model_path, recipe.policies[POLICY].sampling.temperature)
+    temperature = recipe.policies[POLICY].sampling.temperature
+    batch = _scored_on_policy(batch, tiny_model_path, temperature, trainer_logprobs)
     assert any(s.loss_mask.count(1) < len(s.tokens) - s.prompt_length for s in batch.samples), (
         "the batch should hold multi-turn samples (feedback tokens inside the completion)"
     )
