@@ -76,7 +76,7 @@ NOTES = [
 # engine warm-up), plus ~40 s of start-up per run and ~5 s per evaluated version (off the clocks):
 # the full run, 3 seeds x 2 systems x 12 steps, takes ~20 minutes. 500 held-out problems keep one
 # evaluation's standard error near 0.02. --quick: 1 seed, 2 steps, 100 problems, ~2.5 minutes.
-STEPS = 12
+STEPS = 20
 EVAL_EVERY = 2
 EVAL_TASKS = 500
 SEEDS = 3

@@ -309,10 +309,10 @@ def test_multi_policy_agentic_recipe():
         load_recipe(REPO / "recipes" / "multi_policy_agentic.toml", ['run.mode="sync"']).run.mode
         == "sync"
     )
-    with pytest.raises(RecipeError, match=r"same trainer\.groups_per_step \(here solver 16, "):
+    with pytest.raises(RecipeError, match=r"same trainer\.groups_per_step \(here solver 8, "):
         load_recipe(
             REPO / "recipes" / "multi_policy_agentic.toml",
-            ['run.mode="sync"', "policies.solver.trainer.groups_per_step=16"],
+            ['run.mode="sync"', "policies.solver.trainer.groups_per_step=8"],
         )
     dist = LatencyDistribution.from_config(
         recipe.tasks.env_latency.model_dump(exclude={"on", "inner", "seed"})
