@@ -374,6 +374,35 @@ def render_agentic_tools(data: Json) -> list[str]:
     return [*out, "", *settings] if settings else out
 
 
+def render_tool_learning(data: Json) -> list[str]:
+    """``tool_learning.py``: held-out success and call quality of the tiny tools policy before RL
+    and after it, per seed, with the gain over seeds."""
+    before = data.get("before") or {}
+    rows = [["start (`builtin:tiny-tools`)", "-", "-", num(before.get("acc"), "{:.3f}"),
+             num(before.get("valid_call_rate"), "{:.3f}"),
+             num(before.get("invalid_call_rate"), "{:.3f}"),
+             num(before.get("no_call_rate"), "{:.3f}"), "-"]]  # fmt: skip
+    for run in data.get("runs") or []:
+        a = run.get("after") or {}
+        rows.append([f"after RL, seed {run.get('seed')}", num(run.get("steps"), "{:d}"),
+                     num(run.get("trained_samples"), "{:.0f}"), num(a.get("acc"), "{:.3f}"),
+                     num(a.get("valid_call_rate"), "{:.3f}"),
+                     num(a.get("invalid_call_rate"), "{:.3f}"), num(a.get("no_call_rate"), "{:.3f}"),
+                     num(run.get("gain_points"), "{:+.1f}")])  # fmt: skip
+    out = md_table(["policy", "steps", "trained samples", "success", "valid calls",
+                    "invalid calls", "no call", "gain (points)"], rows)  # fmt: skip
+    gain_ci = data.get("gain_interval_95")
+    out += ["", *md_table(["figure", "value"], [
+        ("held-out success gain, median over seeds (target >= +15 points)",
+         spread(data.get("gain_points"), "{:+.1f}", " points")),
+        ("95% interval of the mean gain",
+         "[{:+.1f}, {:+.1f}] points".format(*gain_ci) if gain_ci else "- (one seed)"),
+        ("evaluation", f"{num(data.get('problems'), '{:d}')} held-out problems x "
+                       f"{num(data.get('samples_per_problem'), '{:d}')} sampled episodes (T=1)"),
+    ])]  # fmt: skip
+    return out
+
+
 def render_multi_policy_agentic(data: Json) -> list[str]:
     """``multi_policy_agentic.py``: per system and policy, the race to the lock-step run's final
     accuracy; then the paired speed-ups and accuracy gaps, the straggler bound and the plot."""
@@ -563,6 +592,24 @@ SECTIONS: list[Section] = [
                 "Function calling with slow tools: AstraFlow async vs TRL's tool loop, samples/s",
                 "tools.speedup_vs_trl",
                 lambda v: num(v, "{:.1f}x"),
+            ),
+        ),  # fmt: skip
+    ),
+    Section(
+        "tool_learning",
+        "The tiny tools policy learns to use its calculator (`tests/bench/tool_learning.py`)",
+        "`recipes/tools_calculator.toml` (the `tool_agent` workflow, `astraflow/Tools-v0` with "
+        "`tasks.calculator:calculator`, the hermes parser) trained from `builtin:tiny-tools`; the "
+        "start and each run's final checkpoint scored by `astraflow eval run` on the held-out "
+        "calculator split with the same workflow, env and parser, sampled at the recipe's "
+        "temperature. Success: the final answer equals the product; valid calls: episodes that "
+        "called a tool with every call parsed.",
+        render_tool_learning,
+        headline=(
+            (
+                "Function calling: held-out success gain from RL, tiny tools policy (target >= +15 points)",
+                "gain_points",
+                lambda v: spread(v, "{:+.1f}", " points"),
             ),
         ),  # fmt: skip
     ),

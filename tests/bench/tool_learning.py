@@ -17,8 +17,9 @@ call that did not parse, ``no_call_rate`` episodes answered without a tool.
 
     python tests/bench/tool_learning.py [--quick] [--json PATH] [--seeds 0,1,2] [--workdir DIR]
 
-``--quick``: one seed, 20 optimizer steps, 100 problems x 2 samples per evaluation (18.5 min on
-a 2-core machine shared at load ~10, nearly all of it the 20 training steps). The full run: seeds 0,1,2, the recipe's steps, 200 problems x 4 samples.
+``--quick``: one seed, 20 optimizer steps, 100 problems x 2 samples per evaluation (about 4
+minutes on a quiet 2-core machine, nearly all of it the 20 training steps). The full run: seeds
+0,1,2, the recipe's steps (20), 200 problems x 4 samples (about 15 minutes).
 """
 
 from __future__ import annotations
