@@ -651,6 +651,12 @@ SECTIONS: list[Section] = [
                 ratio,
             ),
             ("... per seed (geometric mean [95% CI])", "speedup_time_to_acc_paired", cell),
+            (
+                "... each policy alone (ratio of medians)",
+                "speedup_time_to_acc_by_policy",
+                lambda v: ", ".join(f"{k} {ratio(x)}" for k, x in v.items())
+                if isinstance(v, dict) else "-",
+            ),
         ),  # fmt: skip
     ),
     Section(
