@@ -654,8 +654,11 @@ SECTIONS: list[Section] = [
             (
                 "... each policy alone (ratio of medians)",
                 "speedup_time_to_acc_by_policy",
-                lambda v: ", ".join(f"{k} {ratio(x)}" for k, x in v.items())
-                if isinstance(v, dict) else "-",
+                lambda v: (
+                    ", ".join(f"{k} {ratio(x)}" for k, x in v.items())
+                    if isinstance(v, dict)
+                    else "-"
+                ),
             ),
         ),  # fmt: skip
     ),
