@@ -377,17 +377,15 @@ def render_agentic_tools(data: Json) -> list[str]:
 def render_tool_learning(data: Json) -> list[str]:
     """``tool_learning.py``: held-out success and call quality of the tiny tools policy before RL
     and after it, per seed, with the gain over seeds."""
-    before = data.get("before") or {}
-    rows = [["start (`builtin:tiny-tools`)", "-", "-", num(before.get("acc"), "{:.3f}"),
-             num(before.get("valid_call_rate"), "{:.3f}"),
-             num(before.get("invalid_call_rate"), "{:.3f}"),
-             num(before.get("no_call_rate"), "{:.3f}"), "-"]]  # fmt: skip
+
+    def rates(r: Json) -> list[str]:
+        keys = ("acc", "valid_call_rate", "invalid_call_rate", "no_call_rate")
+        return [num(r.get(k), "{:.3f}") for k in keys]
+
+    rows = [["start (`builtin:tiny-tools`)", "-", "-", *rates(data.get("before") or {}), "-"]]
     for run in data.get("runs") or []:
-        a = run.get("after") or {}
         rows.append([f"after RL, seed {run.get('seed')}", num(run.get("steps"), "{:d}"),
-                     num(run.get("trained_samples"), "{:.0f}"), num(a.get("acc"), "{:.3f}"),
-                     num(a.get("valid_call_rate"), "{:.3f}"),
-                     num(a.get("invalid_call_rate"), "{:.3f}"), num(a.get("no_call_rate"), "{:.3f}"),
+                     num(run.get("trained_samples"), "{:.0f}"), *rates(run.get("after") or {}),
                      num(run.get("gain_points"), "{:+.1f}")])  # fmt: skip
     out = md_table(["policy", "steps", "trained samples", "success", "valid calls",
                     "invalid calls", "no call", "gain (points)"], rows)  # fmt: skip

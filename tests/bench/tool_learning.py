@@ -19,7 +19,7 @@ call that did not parse, ``no_call_rate`` episodes answered without a tool.
 
 ``--quick``: one seed, 20 optimizer steps, 100 problems x 2 samples per evaluation (about 4
 minutes on a quiet 2-core machine, nearly all of it the 20 training steps). The full run: seeds
-0,1,2, the recipe's steps (20), 200 problems x 4 samples (about 15 minutes).
+0,1,2, the recipe's steps (20), 200 problems x 4 samples (about 11 minutes).
 """
 
 from __future__ import annotations
