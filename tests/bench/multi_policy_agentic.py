@@ -78,7 +78,7 @@ NOTES = [
 # its 128 episodes' 2-4 serial tool calls, then both trainers step), an async step ~5 s (trainers
 # and engines share the cores), the first step of either ~20-30 s (the first episodes' tool calls,
 # engine warm-up), plus ~40 s of start-up per run and ~5 s per evaluated version (off the clocks):
-# the full run, 5 seeds x 2 systems x 20 steps, takes ~50 minutes. 500 held-out problems keep one
+# the full run, 5 seeds x 2 systems x 20 steps, takes ~45 minutes. 500 held-out problems keep one
 # evaluation's standard error near 0.02. --quick: 1 seed, 2 steps, 100 problems, ~2.5 minutes.
 STEPS = 20
 EVAL_EVERY = 2
