@@ -258,10 +258,12 @@ def lockstep_target(run: _results.RunResult, policy: str) -> float | None:
     beside the headline). None where it is no better than the start (the same checkpoint for both
     systems): there is no learning to time, and every run would "reach" it at the start."""
     p = run.policies[policy]
-    final, start = p.accuracy_final, p.accuracy_before
-    if final is None or (start is not None and final <= start + 1e-9):
-        return None
-    return final
+    return p.accuracy_final if improved(p.accuracy_final, p.accuracy_before) else None
+
+
+def improved(final: float | None, start: float | None) -> bool:
+    """Whether a final accuracy is a level to time: known and above the start."""
+    return final is not None and (start is None or final > start + 1e-9)
 
 
 def lockstep_targets(sync_runs: list[_results.RunResult]) -> dict[str, float | None]:
@@ -275,8 +277,7 @@ def lockstep_targets(sync_runs: list[_results.RunResult]) -> dict[str, float | N
     for policy in POLICIES:
         final = _stats.spread(r.policies[policy].accuracy_final for r in sync_runs).median
         start = _stats.spread(r.policies[policy].accuracy_before for r in sync_runs).median
-        learnt = final is not None and (start is None or final > start + 1e-9)
-        targets[policy] = round(final, 4) if learnt and final is not None else None
+        targets[policy] = round(final, 4) if final is not None and improved(final, start) else None
     return targets
 
 

@@ -437,8 +437,7 @@ def render_multi_policy_agentic(data: Json) -> list[str]:
     speed.append(["both policies, each seed's own lock-step final", ratio(own.get("ratio")),
                   cell(own.get("paired")), ""])  # fmt: skip
     targets = data.get("targets") or {}
-    levels = ", ".join(f"{p} {num(v, '{:.3f}')}" for p, v in targets.items()
-                       if not isinstance(v, dict))  # fmt: skip
+    levels = ", ".join(f"{p} {num(v, '{:.3f}')}" for p, v in targets.items())
     out += ["", "Time to the lock-step runs' final accuracy (median over seeds, one level for both "
             f"systems: {levels or '-'}), sync / async, and final accuracy at equal trained "
             "samples, async - sync (paired seeds):", ""]  # fmt: skip
