@@ -110,11 +110,18 @@ def check_grew_then_drained(
     ][-1]
     ids = {nid for nid, n in summary["nodes"].items() if n["name"] in drained}
     assert len(ids) == len(drained)
+    grown_ids = {nid for nid, n in summary["nodes"].items() if n["name"] in grown}
     with store.read_only(run_dir / "dataflow.db") as tx:
         leases = history.leases(tx)
         tasks = {t.id: t for t in history.tasks(tx)}
+    # the grown nodes took work (a pool that grew for nothing would pass every check below)
+    assert any(le.node_id in grown_ids for le in leases)
+    # The victim is the node with the fewest active leases, so in the fast phase it may be one that
+    # never leased: a node grown as the slow phase ended can join to a full buffer (seen in CI on a
+    # loaded machine). Draining with leases in flight is covered by tests/rollout/test_node.py and
+    # test_resume_sigkill.py; here every lease a drained node held was finished or handed back.
     theirs = [le for le in leases if le.node_id in ids]
-    assert theirs and {le.state for le in theirs} <= {"finished", "released"}
+    assert {le.state for le in theirs} <= {"finished", "released"}
     for le in theirs:
         if le.state == "released":  # handed back: the task was played again by another node
             assert tasks[le.task_id].state in ("done", "leased", "pending")
