@@ -26,7 +26,8 @@ window), and the straggler bound of the latency distribution (what a lock-step r
 slowest episode's tool calls). Headline ``speedup_time_to_acc``: per policy, sync's median time to
 that level over async's (censored: a seed that never reaches it ranks last), the slower policy's
 ratio (the smaller); ``speedup_time_to_acc_paired``: per seed, the time until *both* policies
-reached their levels (geometric mean of the ratios, 95 % interval); and
+reached their levels (geometric mean of the ratios, 95 % interval), ``speedup_time_to_acc_both``
+the ratio of those times' censored medians; and
 ``speedup_time_to_own_seed_target``: the same race to each seed's own lock-step final accuracy.
 JSON per system: ``<system>.solver.final_acc``, ``<system>.verifier.final_acc``,
 ``<system>.samples_per_s``, ``<system>.trainer_idle``, ``<system>.episodes_in_flight``.
@@ -109,6 +110,9 @@ def recipe_settings(overrides: list[str] | None = None) -> dict[str, Any]:
         "groups_per_step": {role: p.trainer.groups_per_step for role, p in pol.items()},
         "learning_rate": {role: p.trainer.learning_rate for role, p in pol.items()},
         "warmup_steps": {role: p.trainer.warmup_steps for role, p in pol.items()},
+        "importance_sampling_cap": {
+            role: p.trainer.importance_sampling_cap for role, p in pol.items()
+        },
         "max_tokens": {role: p.sampling.max_tokens for role, p in pol.items()},
         "max_turns": recipe.workflow.max_turns,
         "verify_template": kwargs.get("verify_template", "{question}={answer}?"),
@@ -391,6 +395,10 @@ def analyse(runs: list[_results.RunResult], settings: dict[str, Any]) -> dict[st
         "targets_per_seed": {str(k): v for k, v in own.items()},
         "speedup_time_to_acc": slower_policy(by_policy),
         "speedup_time_to_acc_paired": paired_speedup(tta, None),
+        "speedup_time_to_acc_both": _stats.ratio(
+            systems["astraflow_sync"]["time_to_acc_s"]["median"],
+            systems["astraflow_async"]["time_to_acc_s"]["median"],
+        ),
         "speedup_time_to_acc_by_policy": by_policy,
         "speedup_time_to_acc_by_policy_paired": {p: paired_speedup(tta, p) for p in by_policy},
         "speedup_time_to_own_seed_target": {
