@@ -28,8 +28,9 @@ def create(
     force: bool = typer.Option(False, "--force", help="Replace existing files"),
 ) -> None:
     """Create a CA and a server certificate (signed by it) for the given hosts."""
+    from astraflow.cli.common import console, fail
+
     from astraflow.launch.certs import create_run_certs, default_hosts
-    from cli.common import console, fail
 
     names = default_hosts(*hosts)
     try:

@@ -11,16 +11,15 @@ import warnings
 from typing import Any
 
 import typer
+from astraflow.cli.common import console, err_console, fail
 from rich.markup import escape
 from rich.table import Table
-
-from cli.common import console, err_console, fail
 
 app = typer.Typer(help="Environments: built-in and plugins.", no_args_is_help=True)
 
 
 def _registry():
-    from envs.registry import default_registry
+    from astraflow.envs.registry import default_registry
 
     reg = default_registry()
     for name, error in sorted(reg.errors.items()):
@@ -32,7 +31,7 @@ def _registry():
 
 
 def _spec_or_exit(reg, env_id: str):
-    from envs.registry import UnknownEnvError
+    from astraflow.envs.registry import UnknownEnvError
 
     try:
         return reg.get(env_id)
@@ -177,9 +176,8 @@ def check_one(env_id: str, kwargs: dict[str, Any], episodes: int, seed: int,
               max_action_chars: int) -> dict[str, Any]:  # fmt: skip
     """check_env plus random episodes; returns a result row (``ok``, ``error``, stats)."""
     import gymnasium as gym
+    from astraflow.envs.registry import default_registry
     from gymnasium.utils.env_checker import check_env
-
-    from envs.registry import default_registry
 
     row: dict[str, Any] = {"id": env_id, "ok": False, "error": "", "warnings": []}
     t0 = time.perf_counter()
@@ -255,6 +253,6 @@ def build_sandbox_image(
     force: bool = typer.Option(False, "--force", help="Rebuild even if present"),
 ) -> None:
     """Build the code sandbox's Docker image locally (debootstrap + docker import; no registry)."""
-    from cli.sandbox import build_image_cmd
+    from astraflow.cli.sandbox import build_image_cmd
 
     build_image_cmd(force=force, mirror="http://deb.debian.org/debian", tag=None)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from astraflow.cli.common import console, fail
 
 from astraflow.engine_kinds import ENGINE_KINDS
-from cli.common import console, fail
 
 app = typer.Typer(help="Evaluate policies on benchmarks.", no_args_is_help=True)
 
@@ -245,6 +245,8 @@ def agentbench(
     """Run AgentBench's dbbench, os_interaction and alfworld tasks and report AgentBench's metrics."""
     import asyncio
 
+    from astraflow.envs.agentbench import data as ab_data
+    from astraflow.envs.agentbench.report import write_report
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from astraflow.rollout.evaluation.agentbench import (
@@ -253,8 +255,6 @@ def agentbench(
         evaluate,
         oracle_agent,
     )
-    from envs.agentbench import data as ab_data
-    from envs.agentbench.report import write_report
 
     families = tuple(t.strip() for t in tasks.split(",") if t.strip())
     bad = [f for f in families if f not in FAMILIES]

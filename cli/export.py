@@ -21,7 +21,7 @@ def export(
     ),
 ) -> None:
     """Write a from_pretrained-loadable model from a trainer checkpoint."""
-    from cli.common import fail
+    from astraflow.cli.common import fail
 
     checkpoint = source
     if (source / "checkpoints").is_dir():

@@ -7,8 +7,7 @@ command functions, so ``astraflow --help`` stays fast.
 from __future__ import annotations
 
 import typer
-
-from cli import (
+from astraflow.cli import (
     certs,
     dashboard,
     envs,
@@ -25,7 +24,7 @@ from cli import (
     train,
     transcripts,
 )
-from cli import eval as eval_cmd
+from astraflow.cli import eval as eval_cmd
 
 app = typer.Typer(
     name="astraflow",

@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from astraflow.cli.common import console, fail
 
 from astraflow.models import tiny_arith, tiny_tools
-from cli.common import console, fail
 
 app = typer.Typer(help="Built-in models.", no_args_is_help=True)
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from astraflow.cli.common import console, err_console, load_recipe_or_exit
 from rich.markup import escape
-
-from cli.common import console, err_console, load_recipe_or_exit
 
 app = typer.Typer(help="Validate and inspect TOML recipes.", no_args_is_help=True)
 
@@ -103,8 +102,8 @@ def _agent_ok(path: Path, recipe) -> bool:
 
 def _tasks_ok(path: Path, recipe, rows: int) -> bool:
     """Resolve every task set of ``recipe`` and validate a few rows against its env."""
-    from tasks.catalog import default_task_sets
-    from tasks.check import check_sets
+    from astraflow.tasks.catalog import default_task_sets
+    from astraflow.tasks.check import check_sets
 
     sets = default_task_sets()
     for _name, error in sorted(sets.errors.items()):

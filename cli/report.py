@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-
-from cli.common import console, fail
+from astraflow.cli.common import console, fail
 
 
 def report(run_dir: Path = typer.Argument(..., help="Run directory")) -> None:

@@ -1,14 +1,13 @@
 """`astraflow sandbox build-image|list`: the code sandbox's Docker image and backend availability.
 
 The image is built locally (debootstrap + ``docker import``) because no container registry is
-reachable; see :mod:`envs.sandbox.image`.
+reachable; see :mod:`astraflow.envs.sandbox.image`.
 """
 
 from __future__ import annotations
 
 import typer
-
-from cli.common import console, fail
+from astraflow.cli.common import console, fail
 
 app = typer.Typer(
     help="Code sandboxes: build the Docker image, list usable backends.", no_args_is_help=True
@@ -24,7 +23,7 @@ def build_image_cmd(
     tag: str = typer.Option(None, help="Image tag (default: the one the docker backend uses)."),
 ) -> None:
     """Build the sandbox image (needs root, debootstrap and a Docker engine; ~2-3 min)."""
-    from envs.sandbox import IMAGE, SandboxError, build_image
+    from astraflow.envs.sandbox import IMAGE, SandboxError, build_image
 
     try:
         with console.status("building the sandbox image (debootstrap + docker import) ..."):
@@ -44,9 +43,8 @@ def build_image_cmd(
 @app.command("list")
 def list_cmd() -> None:
     """Which sandbox backends work on this machine, and why not where they do not."""
+    from astraflow.envs.sandbox import available_backends, select_backend
     from rich.table import Table
-
-    from envs.sandbox import available_backends, select_backend
 
     table = Table("backend", "usable", "isolation", "reason")
     isolation = {"docker": "container", "bwrap": "namespaces", "process": "NONE (rlimits only)"}

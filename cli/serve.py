@@ -29,7 +29,7 @@ def _configure_logging(flag: str | None, spec) -> str:
     per request drowns the log). Returns the level, for uvicorn."""
     import logging
 
-    from cli.common import fail
+    from astraflow.cli.common import fail
 
     level = (flag or (spec.logging.level if spec is not None else "info")).lower()
     if level not in _LOG_LEVELS:
@@ -44,8 +44,9 @@ def _configure_logging(flag: str | None, spec) -> str:
 def _server_tls(cert: Path | None, key: Path | None, spec, what: str):
     """Checked TLS settings of a server: flags (or their variables) first, then the recipe's
     ``[security]`` files; an error names the file and where it came from."""
+    from astraflow.cli.common import fail
+
     from astraflow.protocol.tls import ServerTLS, TLSConfigError
-    from cli.common import fail
 
     flags = ("--tls-cert", "--tls-key")
     sec = spec.security if spec is not None else None
@@ -65,8 +66,9 @@ def _server_tls(cert: Path | None, key: Path | None, spec, what: str):
 
 def _ca_file(ca_file: Path | None, spec) -> Path | None:
     """The CA file a client verifies against (flag or variable, then the recipe's), checked."""
+    from astraflow.cli.common import fail
+
     from astraflow.protocol.tls import TLSConfigError, ca_path
-    from cli.common import fail
 
     flag = "--ca-file"
     if not ca_file and spec is not None and spec.security.ca_file is not None:
@@ -97,8 +99,9 @@ def _default_weights_host(dataflow_host: str) -> str:
 
 def _check_token(token: str | None, command: str, accepted: tuple[str, ...]) -> None:
     """Fail fast on a role token this service cannot work with (not after minutes of start-up)."""
+    from astraflow.cli.common import fail
+
     from astraflow.protocol.auth import token_role
-    from cli.common import fail
 
     if not token:
         fail("no run token: pass --token or set ASTRAFLOW_TOKEN")
@@ -135,7 +138,7 @@ def dataflow(
     log_level: str = typer.Option(None, "--log-level", help=_LOG_HELP),
 ) -> None:
     """Dataflow service: tasks, leases, buffers, dataflow policies."""
-    from cli.common import console, fail, load_recipe_or_exit
+    from astraflow.cli.common import console, fail, load_recipe_or_exit
 
     _check_token(token, "dataflow", ())
     if synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
@@ -143,9 +146,10 @@ def dataflow(
     spec = load_recipe_or_exit(recipe, overrides)
     log_level = _configure_logging(log_level, spec)
     tls = _server_tls(tls_cert, tls_key, spec, "the dataflow service")
+    from astraflow.tasks.catalog import load_task_set
+
     from astraflow.dataflow.main import DataflowOptions, build_app, run_dataflow
     from astraflow.dataflow.policies import PolicyConfigError
-    from tasks.catalog import load_task_set
 
     host = host or spec.dataflow.host
     port = spec.dataflow.port if port is None else port
@@ -215,8 +219,9 @@ def rollout(
     log_level: str = typer.Option(None, "--log-level", help=_LOG_HELP),
 ) -> None:
     """Rollout node: engines, workflows, envs; joins a running job (and may leave at any time)."""
+    from astraflow.cli.common import fail, load_recipe_or_exit
+
     from astraflow.protocol.auth import ADMIN, NODE
-    from cli.common import fail, load_recipe_or_exit
 
     _check_token(token, "rollout", (NODE, ADMIN))
     if engine is not None and engine not in ENGINE_KINDS:
@@ -281,8 +286,9 @@ def trainer(
 ) -> None:
     """Trainer for one policy (TRL GRPO family), or for several LoRA adapter policies of one
     base; serves their weight versions over HTTP(S)."""
+    from astraflow.cli.common import fail, load_recipe_or_exit
+
     from astraflow.protocol.auth import ADMIN, TRAINER
-    from cli.common import fail, load_recipe_or_exit
 
     _check_token(token, "trainer", (TRAINER, ADMIN))
     spec = load_recipe_or_exit(recipe, overrides)
@@ -343,7 +349,7 @@ def weight_cache(
     nodes (start them with --weight-cache URL)."""
     import logging
 
-    from cli.common import console, fail
+    from astraflow.cli.common import console, fail
 
     if not token:
         fail("no run token: pass --token or set ASTRAFLOW_TOKEN")
@@ -420,8 +426,8 @@ def policy(
     import asyncio
     import secrets
 
-    from cli.common import console, fail
-    from cli.eval import parse_engine_args
+    from astraflow.cli.common import console, fail
+    from astraflow.cli.eval import parse_engine_args
 
     if engine not in CHECKPOINT_ENGINE_KINDS:
         fail(f"--engine must be one of {', '.join(CHECKPOINT_ENGINE_KINDS)}, got {engine!r}")

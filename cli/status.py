@@ -9,9 +9,8 @@ import time
 from pathlib import Path
 
 import typer
+from astraflow.cli.common import CA_FILE_OPTION, console, dataflow_client, fail
 from rich.text import Text
-
-from cli.common import CA_FILE_OPTION, console, dataflow_client, fail
 
 
 def status(

@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-
-from cli.common import CA_FILE_OPTION, console, dataflow_client, fail
+from astraflow.cli.common import CA_FILE_OPTION, console, dataflow_client, fail
 
 
 def stop(

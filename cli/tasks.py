@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 
 import typer
+from astraflow.cli.common import console, err_console, fail
 from rich.markup import escape
 from rich.table import Table
-
-from cli.common import console, err_console, fail
 
 app = typer.Typer(help="Task sets: built-in and plugins.", no_args_is_help=True)
 
 
 def _registry():
-    from tasks.catalog import default_task_sets
+    from astraflow.tasks.catalog import default_task_sets
 
     reg = default_task_sets()
     for _name, error in sorted(reg.errors.items()):
@@ -66,8 +65,8 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON"),
 ) -> None:
     """A task set's details and its first payloads."""
-    from cli.envs import _parse_kwargs
-    from tasks.base import UnknownTaskSetError
+    from astraflow.cli.envs import _parse_kwargs
+    from astraflow.tasks.base import UnknownTaskSetError
 
     reg = _registry()
     try:

@@ -32,8 +32,9 @@ def token(
     ),
 ) -> None:
     """Print the token of a role, derived from the run secret."""
+    from astraflow.cli.common import fail
+
     from astraflow.protocol.auth import ROLES, derive_token, token_role
-    from cli.common import fail
 
     if role not in ROLES:
         fail(f"--role must be one of {', '.join(ROLES)}, got {role!r}")

@@ -7,8 +7,7 @@ import time
 from pathlib import Path
 
 import typer
-
-from cli.common import console, fail
+from astraflow.cli.common import console, fail
 
 #: `train`'s exit codes besides 0 (done), 1 (a service failed), 3 (--timeout)
 EXIT_STALLED = 4

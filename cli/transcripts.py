@@ -11,8 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-
-from cli.common import console, fail
+from astraflow.cli.common import console, fail
 
 
 def transcripts(

@@ -1,7 +1,13 @@
 """Gymnasium environments for agentic RL (math, code, search, agentbench) and their registry."""
 
-from envs.base import TaskError, TextEnv
-from envs.registry import EnvRegistry, EnvSpec, UnknownEnvError, default_registry, make_env
+from astraflow.envs.base import TaskError, TextEnv
+from astraflow.envs.registry import (
+    EnvRegistry,
+    EnvSpec,
+    UnknownEnvError,
+    default_registry,
+    make_env,
+)
 
 __all__ = [
     "TaskError",

@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import importlib
 
-from envs.registry import EnvSpec
+from astraflow.envs.registry import EnvSpec
 
-FAMILIES = ("envs.math", "envs.code", "envs.search", "envs.agentbench", "envs.tools")
+FAMILIES = (
+    "astraflow.envs.math",
+    "astraflow.envs.code",
+    "astraflow.envs.search",
+    "astraflow.envs.agentbench",
+    "astraflow.envs.tools",
+)
 
 
 def register() -> list[EnvSpec]:

@@ -7,37 +7,19 @@ its id, so ``gymnasium.make("acme/Maze-v0")`` works as soon as the plugin is ins
 
 from __future__ import annotations
 
-import importlib
 import inspect
-from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
+from astraflow.envs.ecosystems import family_spec
+from astraflow.envs.spec import EnvSpec
 
 from astraflow.plugins import LoadedEntryPoint
 from astraflow.registry import Registry, UnknownNameError, call_or_take, expect_type
 
 ENV_GROUP = "astraflow.envs"
 
-
-@dataclass(frozen=True)
-class EnvSpec:
-    id: str
-    entry_point: str  # "module:Class"
-    family: str = "misc"
-    description: str = ""
-    source: str = "astraflow"
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def load_class(self) -> type:
-        module, _, name = self.entry_point.partition(":")
-        try:
-            return getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as exc:
-            raise ImportError(
-                f"env {self.id!r}: cannot load entry point {self.entry_point!r} "
-                f"(from {self.source}): {type(exc).__name__}: {exc}"
-            ) from exc
+__all__ = ["ENV_GROUP", "EnvRegistry", "EnvSpec", "UnknownEnvError", "default_registry", "make_env"]
 
 
 def _accept_spec(obj: Any, ep: LoadedEntryPoint) -> EnvSpec:
@@ -55,7 +37,7 @@ class UnknownEnvError(UnknownNameError):
 class EnvRegistry(Registry[EnvSpec]):
     """Specs by id, discovered from entry points on first use, each registered with Gymnasium.
 
-    An id ``PREFIX:NAME`` whose prefix is an :data:`envs.ecosystems.FAMILIES` family
+    An id ``PREFIX:NAME`` whose prefix is an :data:`astraflow.envs.ecosystems.FAMILIES` family
     (``skyrl:gsm8k``, ``textarena:GuessTheNumber-v0``, ``gym:ID``) resolves to that
     family's adapter spec on first lookup: the outside package's env is loaded by its own name,
     and the package itself is imported only when the env is built.
@@ -90,8 +72,6 @@ class EnvRegistry(Registry[EnvSpec]):
         """The spec of ``name``; a family id (``skyrl:gsm8k``) is resolved by its family."""
         self.discover()
         if name not in self._items:
-            from envs.ecosystems import family_spec
-
             spec = family_spec(name)
             if spec is not None:
                 # Not registered with Gymnasium: its make() reads "module:id" from such an id.

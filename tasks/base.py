@@ -44,8 +44,8 @@ class UnknownTaskSetError(UnknownNameError):
 
 
 class TaskSetRegistry(Registry[TaskSetInfo]):
-    """Task sets by name. Holds only what is added: :func:`tasks.catalog.default_task_sets` adds
-    the built-ins and the ``astraflow.tasks`` plugins (:func:`tasks.catalog.add_plugins`)."""
+    """Task sets by name. Holds only what is added: :func:`astraflow.tasks.catalog.default_task_sets` adds
+    the built-ins and the ``astraflow.tasks`` plugins (:func:`astraflow.tasks.catalog.add_plugins`)."""
 
     def __init__(self) -> None:
         super().__init__(

@@ -3,9 +3,9 @@
 A task is a product of two 3-digit numbers (``"347*582"``, answer ``"201954"``).
 ``builtin:tiny-tools`` cannot multiply like that, but it can call :func:`calculator` in the hermes
 format and copy the result, so success measures tool use, not arithmetic. Train and test come from
-disjoint seeds and are de-duplicated against each other, as in :mod:`tasks.arith`.
+disjoint seeds and are de-duplicated against each other, as in :mod:`astraflow.tasks.arith`.
 
-:func:`calculator` is the tool itself (a recipe names it ``tasks.calculator:calculator``): a plain
+:func:`calculator` is the tool itself (a recipe names it ``astraflow.tasks.calculator:calculator``): a plain
 Python function whose signature and docstring give its JSON schema.
 """
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.base import Payload, TaskSetRegistry
+from astraflow.tasks.base import Payload, TaskSetRegistry
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,8 @@ def check_sets(
 ) -> list[SetCheck]:
     """Resolve the env and every task set of ``recipe`` (training and evaluation), load ``rows``
     rows of each and validate them against the env class. One :class:`SetCheck` per set."""
-    from envs.registry import default_registry
-    from tasks.catalog import default_task_sets
+    from astraflow.envs.registry import default_registry
+    from astraflow.tasks.catalog import default_task_sets
 
     task_sets = task_sets or default_task_sets()
     envs = envs or default_registry()

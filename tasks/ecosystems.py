@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tasks.base import Payload
+from astraflow.tasks.base import Payload
 
 #: SkyRL's dataset columns; ``prompt`` and ``reward_spec`` are required
 SKYRL_COLUMNS = ("prompt", "env_class", "reward_spec", "extra_info")
@@ -65,7 +65,7 @@ def verifiers_rows(
     ``example_id``), each with an id. ``env``: the environment's name (``verifiers:NAME``'s
     NAME); ``env_args``: its ``load_environment`` kwargs (the same as the env's
     ``tasks.env_kwargs``)."""
-    from envs.ecosystems.verifiers_env import dataset_rows, load
+    from astraflow.envs.ecosystems.verifiers_env import dataset_rows, load
 
     rows = dataset_rows(load(env, env_args), split, n=int(n))
     for i, row in enumerate(rows):

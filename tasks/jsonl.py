@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tasks.base import Payload
+from astraflow.tasks.base import Payload
 
 SPLITS = ("train", "test", "validation")
 

@@ -1,6 +1,6 @@
 """GSM8K and MATH-500 as math-env payloads ``{"id", "question", "answer", "level"?}``.
 
-Local files by default (``data_dir()/math/...``, see :mod:`tasks.data`), a given ``path=``, or the
+Local files by default (``data_dir()/math/...``, see :mod:`astraflow.tasks.data`), a given ``path=``, or the
 hub with ``source="hub"``. File order is kept; ``seed`` does not reorder (the dataflow service
 samples), it is accepted for the uniform loader signature.
 """
@@ -12,9 +12,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from astraflow.tasks.data import data_file
+from astraflow.tasks.hub import load_hub_rows
+
 from astraflow.errors import AstraFlowError
-from tasks.data import data_file
-from tasks.hub import load_hub_rows
 
 #: A prompt suffix that works for instruction-tuned models on these sets (recipes pass it as the
 #: math env's ``instruction`` kwarg).

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from envs.search.corpus import load_qa_file
-from envs.search.stdlib_corpus import stdlib_questions
+from astraflow.envs.search.corpus import load_qa_file
+from astraflow.envs.search.stdlib_corpus import stdlib_questions
 
 
 def stdlib_qa(split: str = "train", seed: int = 0, **_: Any) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ class DataflowOptions:
     recipe: Recipe
     #: the run secret (clients present it or a role token derived from it)
     token: str
-    #: loads the recipe's task sets (the CLI passes ``tasks.catalog.load_task_set``)
+    #: loads the recipe's task sets (the CLI passes ``astraflow.tasks.catalog.load_task_set``)
     task_source: TaskSource
     host: str = "127.0.0.1"
     #: 0 picks a free port (written to ``port_file`` once listening)

@@ -39,6 +39,10 @@ def service_env(
             "PYTHONUNBUFFERED": "1",
             "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
             "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+            # the folder `astraflow train` runs in stays off the services' import path: a user's
+            # own `tasks/` or `addten/` folder there must not shadow an installed package
+            # (what plugins need is installed or on PYTHONPATH, which still applies)
+            "PYTHONSAFEPATH": "1",
         }
     )
     env.update(extra or {})
@@ -129,4 +133,4 @@ def _signal_group(pid: int, sig: int) -> None:
 
 def astraflow_argv(*args: str) -> list[str]:
     """Run a CLI command with the same interpreter (works without the console script on PATH)."""
-    return [sys.executable, "-m", "cli.main", *args]
+    return [sys.executable, "-m", "astraflow.cli.main", *args]

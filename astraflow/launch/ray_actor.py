@@ -1,7 +1,7 @@
 """The Ray actor behind each service of a Ray run: it runs and watches one service process.
 
 Why a process inside an actor rather than the service as the actor itself: the actor runs exactly
-the ``python -m cli.main serve ...`` command the local launcher runs (same logs, checkpoints,
+the ``python -m astraflow.cli.main serve ...`` command the local launcher runs (same logs, checkpoints,
 restarts, signals), so a service behaves the same under both launchers; Ray only decides where
 it runs and reserves what it asks for. The process dies with the actor (``PR_SET_PDEATHSIG``,
 :mod:`astraflow.launch.processes`), so killing the actor kills the service.

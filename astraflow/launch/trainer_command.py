@@ -3,11 +3,11 @@
 Every launcher (local subprocesses, Ray) starts trainers through :func:`trainer_argv`, so a
 recipe's ``trainer.processes`` and ``trainer.accelerate_config`` mean the same thing everywhere:
 
-* ``processes = 1`` and no accelerate config: ``python -m cli.main serve trainer ...``;
+* ``processes = 1`` and no accelerate config: ``python -m astraflow.cli.main serve trainer ...``;
 * ``processes = N > 1``: ``python -m torch.distributed.run --standalone --nproc_per_node N -m
-  cli.main serve trainer ...`` (torchrun picks a free rendezvous port, so runs never collide);
+  astraflow.cli.main serve trainer ...`` (torchrun picks a free rendezvous port, so runs never collide);
 * an accelerate config (DDP, FSDP, DeepSpeed): ``python -m accelerate.commands.launch
-  --config_file F --num_processes N -m cli.main serve trainer ...``.
+  --config_file F --num_processes N -m astraflow.cli.main serve trainer ...``.
 
 Every rank runs the same ``serve trainer`` command; inside it rank 0 alone pulls batches,
 acknowledges them and serves/publishes weights (:mod:`astraflow.trainer.main`).
@@ -45,7 +45,7 @@ def trainer_argv(
     for name in group:
         check_trainer_launch(recipe, name)
     spec = recipe.policies[policy].trainer
-    serve = ["-m", "cli.main", "serve", "trainer", "--recipe", str(recipe_path)]
+    serve = ["-m", "astraflow.cli.main", "serve", "trainer", "--recipe", str(recipe_path)]
     for name in group:
         serve += ["--policy", name]
     serve += ["--join", dataflow_url, "--run-dir", str(run_dir)]

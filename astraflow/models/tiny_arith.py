@@ -6,7 +6,7 @@ vocabulary in any tool that loads it that way (vLLM does); for ``llama`` it hono
 checkpoint's own ``tokenizer.json``.
 
 Why warm-start: RL from a random policy gets zero reward on every group, so GRPO has nothing to
-learn from. A short supervised run on arithmetic (level 2 of :mod:`tasks.arith`) leaves a policy that
+learn from. A short supervised run on arithmetic (level 2 of :mod:`astraflow.tasks.arith`) leaves a policy that
 is weak but right often enough, and uncertain enough when sampling, that groups have reward variance.
 
 Why deterministic: the checkpoint is committed; rebuilding with the same seed, step count and
@@ -242,7 +242,7 @@ def _build(out_dir, seed, steps, on_step, eval_size, target_accuracy) -> BuildRe
     import torch
 
     from astraflow.models.tokenizer import build_tokenizer
-    from tasks import arith
+    from astraflow.tasks import arith
 
     tokenizer = build_tokenizer()
     model = new_model(tokenizer, seed)

@@ -1,6 +1,6 @@
 """Builder of ``builtin:tiny-tools``: the tiny Llama warm-started to call a ``calculator`` tool.
 
-The task (:mod:`tasks.calculator`) is a 3-digit product the model cannot compute. The right episode
+The task (:mod:`astraflow.tasks.calculator`) is a 3-digit product the model cannot compute. The right episode
 is two assistant turns: a hermes-format call
 ``<tool_call>{"name": "calculator", "arguments": {"expression": "347*58"}}</tool_call>``, then,
 after the tool's result comes back as a ``tool`` turn of the chat template, the result as the answer.
@@ -36,7 +36,7 @@ TOOL_NAME = "calculator"
 #: take ~140 tokens; 512 leaves room for a retry turn.
 MODEL_CONFIG: dict[str, Any] = {**_ARITH_CONFIG, "max_position_embeddings": 512}
 #: The calculator's OpenAI tool schema, as ``transformers.utils.get_json_schema`` writes it for
-#: :func:`tasks.calculator.calculator` (the template renders only the name and parameter names).
+#: :func:`astraflow.tasks.calculator.calculator` (the template renders only the name and parameter names).
 CALCULATOR_SCHEMA: dict[str, Any] = {
     "type": "function",
     "function": {
@@ -87,7 +87,7 @@ def _miscopy(rng: random.Random, expression: str) -> str:
 
 def episode(rng: random.Random, problem: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     """The chat messages of one corpus episode of behaviour ``kind`` (see :data:`CORPUS_MIX`)."""
-    from tasks.calculator import calculator
+    from astraflow.tasks.calculator import calculator
 
     question, answer = problem["question"], problem["answer"]
     user = {"role": "user", "content": question}
@@ -222,7 +222,7 @@ def tool_use_rates(
     model, tokenizer, problems: list[dict[str, Any]], temperature: float = 1.0, seed: int = 0
 ) -> ToolUseRates:
     """Sample each problem's episode (the real calculator answers canonical calls) and classify."""
-    from tasks.calculator import calculator
+    from astraflow.tasks.calculator import calculator
 
     prompts = [prompt_ids(tokenizer, p["question"]) for p in problems]
     first = decode(model, tokenizer, prompts, CALL_TOKENS, temperature, seed)
@@ -299,7 +299,7 @@ def _build(out_dir, seed, steps, on_step, eval_size, on_check, check_every) -> T
 
     from astraflow.models.tiny_arith import new_model, padded_batches, save, train_step
     from astraflow.models.tokenizer import TOOLS_CHAT_TEMPLATE, build_tokenizer
-    from tasks import calculator
+    from astraflow.tasks import calculator
 
     tokenizer = build_tokenizer(TOOLS_CHAT_TEMPLATE, MODEL_CONFIG["max_position_embeddings"])
     model = new_model(tokenizer, seed, MODEL_CONFIG)

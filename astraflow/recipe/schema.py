@@ -320,7 +320,7 @@ class LatencyPhase(Section):
 
 
 class EnvLatencyConfig(Section):
-    """``[tasks.env_latency]``: a per-call delay in front of every env (``envs.wrappers.latency``),
+    """``[tasks.env_latency]``: a per-call delay in front of every env (``astraflow.envs.wrappers.latency``),
     e.g. to give a fast env the I/O-bound, long-tailed tool latency of real agentic tasks.
 
     Each distribution takes ``p50_s`` and ``p99_s`` (median and 99th percentile) or its own

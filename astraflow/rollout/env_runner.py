@@ -373,7 +373,7 @@ class AsyncEnv:
     @property
     def saves_state(self) -> bool:
         """Whether the env takes part in the optional state contract (``state_dict`` and
-        ``load_state_dict``, see :class:`envs.base.StateMixin`), through wrappers that declare
+        ``load_state_dict``, see :class:`astraflow.envs.base.StateMixin`), through wrappers that declare
         ``state_passthrough`` (they hold no episode state of their own)."""
         return _state_holder(self.env) is not None
 

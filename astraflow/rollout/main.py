@@ -166,11 +166,11 @@ async def _probe(opts: NodeOptions) -> Recipe:
 
 
 async def _run(opts: NodeOptions) -> int:
+    from astraflow.envs import default_registry
     from astraflow.protocol.client import DataflowClient
     from astraflow.rollout.node import EngineFailure, NodeSettings, RolloutNode
     from astraflow.rollout.workflows import default_workflows
     from astraflow.weights import WeightClient
-    from envs import default_registry
 
     served_recipe = await _probe(opts)
     recipe = opts.recipe or served_recipe
@@ -191,7 +191,7 @@ async def _run(opts: NodeOptions) -> int:
         if recipe.tasks.env_latency is not None:
             # [tasks.env_latency]: every env gets a delay stream of its own, seeded by the run
             # seed, this node's name and the env's number (envs/wrappers/latency.py).
-            from envs.wrappers.latency import LatencyEnvFactory
+            from astraflow.envs.wrappers.latency import LatencyEnvFactory
 
             make_env = LatencyEnvFactory(
                 make_env,

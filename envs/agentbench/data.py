@@ -237,12 +237,12 @@ def load_alfworld(
 
     ``alfworld/{split}.json`` groups game paths by task type, as AgentBench's does; the paths are
     relative to ``alfworld/games/`` (or to ``alfworld/`` itself, AgentBench's own layout). Each game
-    is put back into AgentBench v0.2's wording (:mod:`envs.agentbench.alfworld.wording`) and carries
+    is put back into AgentBench v0.2's wording (:mod:`astraflow.envs.agentbench.alfworld.wording`) and carries
     its task type's one-shot dialogue from ``prompts`` (a file name in ``alfworld/prompts/`` or a
     path; default: the file AgentBench v0.2 uses), so a payload is the whole task.
     """
-    from envs.agentbench.alfworld import protocol
-    from envs.agentbench.alfworld.wording import WordingError, to_v02
+    from astraflow.envs.agentbench.alfworld import protocol
+    from astraflow.envs.agentbench.alfworld.wording import WordingError, to_v02
 
     if split not in ALFWORLD_SPLITS:
         raise DataError(
@@ -289,7 +289,7 @@ def load_alfworld(
 
 def load_alfworld_prompts(root: Path, prompts: str | None = None) -> dict[str, list[str]]:
     """AgentBench's one-shot dialogues by task type (``put``, ``clean``, ...)."""
-    from envs.agentbench.alfworld.protocol import DEFAULT_PROMPTS
+    from astraflow.envs.agentbench.alfworld.protocol import DEFAULT_PROMPTS
 
     path = Path(prompts) if prompts and Path(prompts).is_file() else None
     if path is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from envs.base import TaskError
+from astraflow.envs.base import TaskError
 
 
 class SampleStatus(str, Enum):  # noqa: UP042 (StrEnum would change str(member), which reports use)

@@ -3,7 +3,7 @@
 The model's reply must contain a fenced ```python block (``fence="required"``, the default); with
 ``fence="optional"`` a reply without one is taken whole as the code (completion style, e.g. a small
 model continuing the prompt's function body). The code (assembled with the task prompt) and the
-task's tests run in ONE sandbox run (see :mod:`envs.code.harness`); the reward is the
+task's tests run in ONE sandbox run (see :mod:`astraflow.envs.code.harness`); the reward is the
 fraction of tests passed. The multi-turn variant answers a failed attempt with the failing tests and
 their errors and lets the model try again, up to ``max_turns``.
 
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from envs.base import StateMixin, TaskError, TextEnv
-from envs.code.extract import assemble, extract_code
-from envs.code.harness import build_program, parse_report, plan_tests
+from astraflow.envs.base import StateMixin, TaskError, TextEnv
+from astraflow.envs.code.extract import assemble, extract_code
+from astraflow.envs.code.harness import build_program, parse_report, plan_tests
 
 INSTRUCTION = (
     "Complete the following Python function. Reply with the complete function (including the "
@@ -107,11 +107,11 @@ class CodeEnv(StateMixin, TextEnv):
         if self._closed:
             # A step still running when the env was closed (a rollout node kills an env call that
             # ran past rollout.env_timeout_s) must not start a fresh sandbox behind the kill.
-            from envs.sandbox import SandboxError
+            from astraflow.envs.sandbox import SandboxError
 
             raise SandboxError(f"{type(self).__name__} was closed; reset it to use it again")
         if self._sandbox is None:
-            from envs.sandbox import select_backend
+            from astraflow.envs.sandbox import select_backend
 
             choice = self.sandbox_choice
             self._sandbox = select_backend(None if choice in (None, "auto") else choice)
@@ -170,7 +170,7 @@ class CodeEnv(StateMixin, TextEnv):
 
     def evaluate(self, action: str) -> dict[str, Any]:
         """Run the reply's code against the task's tests; the info dict of one attempt."""
-        from envs.sandbox import Limits
+        from astraflow.envs.sandbox import Limits
 
         code = extract_code(action)
         if code is None and self.fence == "optional" and action.strip():

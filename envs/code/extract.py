@@ -19,7 +19,7 @@ def extract_code(action: str) -> str | None:
 
 def defines(code: str, name: str) -> bool:
     """True when ``code`` parses and defines ``name`` at top level (function, class or assignment)."""
-    from envs.code.harness import parse_python
+    from astraflow.envs.code.harness import parse_python
 
     try:
         tree = parse_python(code)

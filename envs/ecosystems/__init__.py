@@ -4,7 +4,7 @@
 verifiers environment, ``textarena:Wordle-v0`` a TextArena game, ``gym:ID`` any Gymnasium env
 with text observations and actions. Why one table: each family is the same three facts (the
 adapter class, the constructor kwarg the outside name goes to, the package and extra it needs),
-and :meth:`envs.registry.EnvRegistry.get` resolves every prefix the same way. The outside package
+and :meth:`astraflow.envs.registry.EnvRegistry.get` resolves every prefix the same way. The outside package
 is imported only when an env is built (:func:`require`), with an error naming the extra.
 """
 
@@ -14,7 +14,7 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
-from envs.registry import EnvSpec
+from astraflow.envs.spec import EnvSpec
 
 #: the pyproject extra that installs every ecosystem package
 EXTRA = "ecosystems"
@@ -35,14 +35,14 @@ class EnvFamily:
 FAMILIES: dict[str, EnvFamily] = {
     f.prefix: f
     for f in (
-        EnvFamily("skyrl", "envs.ecosystems.skyrl:SkyRLEnv", "env_name", "skyrl_gym",
+        EnvFamily("skyrl", "astraflow.envs.ecosystems.skyrl:SkyRLEnv", "env_name", "skyrl_gym",
                   "skyrl-gym", "A SkyRL-gym env by its registered id (BaseTextEnv init/step)"),
-        EnvFamily("textarena", "envs.ecosystems.textarena_env:TextArenaEnv", "env_name",
+        EnvFamily("textarena", "astraflow.envs.ecosystems.textarena_env:TextArenaEnv", "env_name",
                   "textarena", "textarena", "A TextArena game by its id (single-player)"),
-        EnvFamily("verifiers", "envs.ecosystems.verifiers_env:VerifiersEnv", "env_name",
+        EnvFamily("verifiers", "astraflow.envs.ecosystems.verifiers_env:VerifiersEnv", "env_name",
                   "verifiers", "verifiers",
                   "An installed verifiers environment by its name (load_environment())"),
-        EnvFamily("gym", "envs.ecosystems.gym_env:GymTextEnv", "env_name", "gymnasium",
+        EnvFamily("gym", "astraflow.envs.ecosystems.gym_env:GymTextEnv", "env_name", "gymnasium",
                   "gymnasium", "Any registered Gymnasium env with text observations and actions"),
     )
 }  # fmt: skip

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from envs.base import TaskError, TextEnv
-from envs.ecosystems import require
-from envs.ecosystems.messages import messages_text
+from astraflow.envs.base import TaskError, TextEnv
+from astraflow.envs.ecosystems import require
+from astraflow.envs.ecosystems.messages import messages_text
 
 
 class SkyRLEnv(TextEnv):

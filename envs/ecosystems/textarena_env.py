@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from envs.base import TextEnv
-from envs.ecosystems import require
+from astraflow.envs.base import TextEnv
+from astraflow.envs.ecosystems import require
 
 
 class TextArenaEnv(TextEnv):

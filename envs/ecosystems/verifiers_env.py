@@ -19,7 +19,7 @@ reward with ``terminated``. Text envs run under ``single_agent``, tool envs unde
 (the policy's chat template renders the tools, its tool parser reads the calls).
 
 The environment is loaded once per process (it serves many rollouts at once, as in verifiers)
-and its dataset is the task set ``verifiers`` (:func:`tasks.ecosystems.verifiers_rows`). The
+and its dataset is the task set ``verifiers`` (:func:`astraflow.tasks.ecosystems.verifiers_rows`). The
 sampling settings verifiers passes are ignored: the policy's own (``policies.NAME.sampling``)
 apply. Requires verifiers' classic environment API (``vf.Environment``, verifiers < 0.4).
 """
@@ -37,11 +37,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from astraflow.envs.base import TaskError, TextEnv, fit_text
+from astraflow.envs.ecosystems import require
+from astraflow.envs.ecosystems.messages import messages_text
+from astraflow.envs.tools.env import answer_of, tool_calls_of
+
 from astraflow.errors import AstraFlowError
-from envs.base import TaskError, TextEnv, fit_text
-from envs.ecosystems import require
-from envs.ecosystems.messages import messages_text
-from envs.tools.env import answer_of, tool_calls_of
 
 #: the model name the adapter's client is called with (verifiers logs it; nothing routes on it)
 MODEL = "astraflow-policy"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from envs.base import StateMixin, TaskError, TextEnv
-from envs.math.answer import answers_match, extract_answer
+from astraflow.envs.base import StateMixin, TaskError, TextEnv
+from astraflow.envs.math.answer import answers_match, extract_answer
 
 #: Sample tasks for checks and demos: plain arithmetic plus answers that need symbolic grading.
 _SYMBOLIC_SAMPLES = (

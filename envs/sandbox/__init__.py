@@ -2,13 +2,13 @@
 
 ``select_backend()`` picks the strongest one available; every backend returns a :class:`RunResult`.
 A package of its own (not under ``envs/code``) because two envs use it: the code env runs programs
-here, and the AgentBench OS env's throw-away systems (:mod:`envs.agentbench.os.sandbox`) share its
+here, and the AgentBench OS env's throw-away systems (:mod:`astraflow.envs.agentbench.os.sandbox`) share its
 error type and bwrap helpers.
 """
 
-from envs.sandbox.base import Limits, RunResult, Sandbox, SandboxError
-from envs.sandbox.image import IMAGE, build_image
-from envs.sandbox.select import (
+from astraflow.envs.sandbox.base import Limits, RunResult, Sandbox, SandboxError
+from astraflow.envs.sandbox.image import IMAGE, build_image
+from astraflow.envs.sandbox.select import (
     CHOICES,
     ENV_VAR,
     available_backends,

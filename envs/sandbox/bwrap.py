@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 
-from envs.sandbox.base import (
+from astraflow.envs.sandbox.base import (
     SANDBOX_WORKDIR,
     Limits,
     RunResult,
@@ -24,7 +24,7 @@ from envs.sandbox.base import (
     SandboxError,
     prepare_run,
 )
-from envs.sandbox.local import NOBODY, populate_workdir, run_local
+from astraflow.envs.sandbox.local import NOBODY, populate_workdir, run_local
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 ETC_FILES = (
@@ -44,7 +44,7 @@ def top_level_binds(names: Iterable[str], bind: Callable[[str], list[str]]) -> l
     """bwrap arguments recreating the host's top-level ``names`` in a sandbox root: a symlink
     stays the same symlink, a directory gets ``bind("/name")``, a missing name is left out.
 
-    Shared with the AgentBench OS sandbox (:mod:`envs.agentbench.os.sandbox`), which binds the
+    Shared with the AgentBench OS sandbox (:mod:`astraflow.envs.agentbench.os.sandbox`), which binds the
     directories from a writable overlay instead of read-only from the host."""
     args: list[str] = []
     for name in names:

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Mapping
 
-from envs.sandbox.base import (
+from astraflow.envs.sandbox.base import (
     SANDBOX_WORKDIR,
     Limits,
     RunResult,
@@ -26,7 +26,7 @@ from envs.sandbox.base import (
     SandboxError,
     prepare_run,
 )
-from envs.sandbox.image import IMAGE, docker_client, image_exists
+from astraflow.envs.sandbox.image import IMAGE, docker_client, image_exists
 
 LABEL = "astraflow.sandbox"
 #: Seconds to wait for an engine to answer a ping (selection must stay fast when none runs).

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from envs.sandbox.base import SandboxError
+from astraflow.envs.sandbox.base import SandboxError
 
 IMAGE = "astraflow/sandbox-python:bookworm-1"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"

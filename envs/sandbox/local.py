@@ -18,9 +18,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import psutil
-
-from envs.sandbox.base import CappedReader, Limits, RunResult, feed_stdin
-from envs.sandbox.cgroup import PidsCgroup
+from astraflow.envs.sandbox.base import CappedReader, Limits, RunResult, feed_stdin
+from astraflow.envs.sandbox.cgroup import PidsCgroup
 
 MIB = 1024 * 1024
 NOBODY = (65534, 65534)

@@ -3,7 +3,7 @@
 NOT ISOLATION. The program shares the host's filesystem view and network; it only gets rlimits, a
 private temp work dir, a pids cgroup when the host allows one, and (when we run as root) the
 ``nobody`` uid so it cannot read root-only files. Use it only where neither Docker nor bubblewrap
-exists; :func:`envs.sandbox.select.select_backend` warns loudly when it falls back to it.
+exists; :func:`astraflow.envs.sandbox.select.select_backend` warns loudly when it falls back to it.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import sys
 import tempfile
 from collections.abc import Mapping
 
-from envs.sandbox.base import Limits, RunResult, Sandbox, prepare_run
-from envs.sandbox.local import NOBODY, populate_workdir, run_local
+from astraflow.envs.sandbox.base import Limits, RunResult, Sandbox, prepare_run
+from astraflow.envs.sandbox.local import NOBODY, populate_workdir, run_local
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import os
 
-from envs.sandbox.base import Sandbox, SandboxError
-from envs.sandbox.image import IMAGE
+from astraflow.envs.sandbox.base import Sandbox, SandboxError
+from astraflow.envs.sandbox.image import IMAGE
 
 ENV_VAR = "ASTRAFLOW_SANDBOX"
 CHOICES = ("auto", "docker", "bwrap", "process")
@@ -29,17 +29,17 @@ PROCESS_WARNING = (
 def make_backend(name: str, *, image: str = IMAGE) -> Sandbox:
     """Construct one named backend; raises :class:`SandboxError` when it cannot run here."""
     if name == "docker":
-        from envs.sandbox.docker import DockerSandbox
+        from astraflow.envs.sandbox.docker import DockerSandbox
 
         return DockerSandbox(image=image)
     if name == "bwrap":
-        from envs.sandbox.bwrap import BwrapSandbox
+        from astraflow.envs.sandbox.bwrap import BwrapSandbox
 
         box = BwrapSandbox()
         box.probe()
         return box
     if name == "process":
-        from envs.sandbox.process import ProcessSandbox
+        from astraflow.envs.sandbox.process import ProcessSandbox
 
         return ProcessSandbox()
     raise ValueError(f"unknown sandbox backend {name!r}; expected one of {', '.join(CHOICES)}")

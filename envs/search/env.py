@@ -6,10 +6,10 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar
 
-from envs.base import TaskError, TextEnv
-from envs.search.corpus import CorpusError, normalise_answers
-from envs.search.index import SearchIndex, index_for_file
-from envs.search.scoring import best_scores
+from astraflow.envs.base import TaskError, TextEnv
+from astraflow.envs.search.corpus import CorpusError, normalise_answers
+from astraflow.envs.search.index import SearchIndex, index_for_file
+from astraflow.envs.search.scoring import best_scores
 
 _TAG = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
 
@@ -66,7 +66,7 @@ class SearchEnv(TextEnv):
         prompt_template: str | None = DEFAULT_PROMPT,
         render_mode: str | None = None,
     ):
-        """``corpus`` is ``"stdlib"`` (generated and cached, see :mod:`envs.search.stdlib_corpus`)
+        """``corpus`` is ``"stdlib"`` (generated and cached, see :mod:`astraflow.envs.search.stdlib_corpus`)
         or the path of a JSONL corpus of ``{"title", "text"}``. ``prompt_template`` must contain
         ``{question}``; None shows the question alone."""
         super().__init__(max_turns=max_turns, render_mode=render_mode)
@@ -92,7 +92,7 @@ class SearchEnv(TextEnv):
     def index(self) -> SearchIndex:
         if self._index is None:
             if self.corpus == "stdlib":
-                from envs.search.stdlib_corpus import ensure_stdlib_set
+                from astraflow.envs.search.stdlib_corpus import ensure_stdlib_set
 
                 path = ensure_stdlib_set().corpus_path
             else:
@@ -108,7 +108,7 @@ class SearchEnv(TextEnv):
                 "question": passage.text[:200],
                 "answer": [passage.title],
             }
-        from envs.search.stdlib_corpus import stdlib_questions
+        from astraflow.envs.search.stdlib_corpus import stdlib_questions
 
         questions = stdlib_questions("test")
         q = questions[int(rng.integers(0, len(questions)))]

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.search.corpus import Passage, load_corpus_jsonl
+from astraflow.envs.search.corpus import Passage, load_corpus_jsonl
 
 
 @dataclass(frozen=True)

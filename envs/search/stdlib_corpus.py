@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.search.corpus import Passage, passages_to_rows, write_jsonl
+from astraflow.envs.search.corpus import Passage, passages_to_rows, write_jsonl
 
 #: Bump when the generation rules change, so stale caches are not reused.
 GENERATOR_VERSION = 1

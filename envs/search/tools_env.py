@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from envs.search.env import SearchEnv
-from envs.search.scoring import best_scores
-from envs.tools.env import ToolEnv
+from astraflow.envs.search.env import SearchEnv
+from astraflow.envs.search.scoring import best_scores
+from astraflow.envs.tools.env import ToolEnv
 
 DEFAULT_PROMPT = (
     "Answer the question. Use the search tool to find passages in a local corpus and open to read "

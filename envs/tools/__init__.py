@@ -2,12 +2,12 @@
 (``MCP-v0``) as the tools of an episode. Importing this package is cheap: the ``mcp`` SDK and the
 tools' modules load only when an env is made."""
 
-from envs.registry import EnvSpec
+from astraflow.envs.registry import EnvSpec
 
 SPECS: list[EnvSpec] = [
     EnvSpec(
         id="astraflow/Tools-v0",
-        entry_point="envs.tools.env:ToolEnv",
+        entry_point="astraflow.envs.tools.env:ToolEnv",
         family="tools",
         description="Function calling over the recipe's Python functions (tools = [...])",
     ),
@@ -15,7 +15,7 @@ SPECS: list[EnvSpec] = [
 SPECS.append(
     EnvSpec(
         id="astraflow/MCP-v0",
-        entry_point="envs.tools.mcp_env:MCPEnv",
+        entry_point="astraflow.envs.tools.mcp_env:MCPEnv",
         family="tools",
         description="Function calling over the tools of any MCP server (stdio or streamable HTTP)",
     )

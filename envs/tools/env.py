@@ -28,9 +28,10 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
+from astraflow.envs.base import StateMixin, TaskError, TextEnv
+
 from astraflow.tools.calls import ParsedTurn, ToolCall
 from astraflow.tools.schema import FunctionTool, load_tools
-from envs.base import StateMixin, TaskError, TextEnv
 
 #: ``reward(answer, task) -> float | bool`` for ToolEnv's ``reward`` kwarg.
 RewardFn = Callable[[str, dict[str, Any]], Any]
@@ -240,7 +241,7 @@ class ToolEnv(StateMixin, TextEnv):
         if self.reward_fn is not None:
             value = self.reward_fn(answer, dict(self.task))
             return float(value), {"answer": answer}
-        from envs.registry import make_env
+        from astraflow.envs.registry import make_env
 
         env = make_env(self.score_env_id, **self.score_env_kwargs)
         try:

@@ -9,7 +9,7 @@ Recipe (stdio: the env starts the server as a subprocess; or streamable HTTP: a 
 
 The server's tools (``list_tools``: name, description, input schema) are what the model is
 offered; a call is ``call_tool`` and its text content is the tool message (an ``isError`` result
-reads ``error: ...``). The final answer is scored as in :class:`~envs.tools.env.ToolEnv`
+reads ``error: ...``). The final answer is scored as in :class:`~astraflow.envs.tools.env.ToolEnv`
 (``reward`` or ``score_env``). Each env (one episode) holds one session with its server, opened on
 ``reset`` and closed on ``close``; everything is async (the ``mcp`` SDK is), so the node awaits it
 on its loop, each call bounded by ``rollout.env_timeout_s``. The sync ``reset``/``step``/``close``
@@ -24,9 +24,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from astraflow.envs.tools.env import ToolEnv
+
 from astraflow.errors import AstraFlowError
 from astraflow.tools.calls import ToolCall
-from envs.tools.env import ToolEnv
 
 
 class MCPError(AstraFlowError, RuntimeError):

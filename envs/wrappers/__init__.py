@@ -1,6 +1,6 @@
 """Gymnasium wrappers usable on any AstraFlow env (configured from the recipe)."""
 
-from envs.wrappers.latency import (
+from astraflow.envs.wrappers.latency import (
     LatencyDistribution,
     LatencyEnvFactory,
     LatencySampler,

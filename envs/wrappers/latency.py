@@ -325,7 +325,7 @@ def is_tool_call_action(action: Any) -> bool:
     than text or any other action."""
     if isinstance(action, str):
         return False
-    from envs.tools.env import tool_calls_of  # lazy: the wrapper serves every env family
+    from astraflow.envs.tools.env import tool_calls_of  # lazy: the wrapper serves every env family
 
     try:
         return tool_calls_of(action) is not None

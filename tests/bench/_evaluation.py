@@ -87,10 +87,10 @@ def tool_accuracy(
     every system's checkpoint). ``score`` is unused (the env scores), kept for the common
     signature of :func:`accuracy_function`."""
     import torch
+    from astraflow.envs.registry import make_env
 
     from astraflow.rollout.workflows.tokens import ChatRenderer
     from astraflow.tools.parsers import get_tool_parser, turn_text
-    from envs.registry import make_env
 
     parser = get_tool_parser(tool_parser, tokenizer)
     envs, seqs, renderers = [], [], []
@@ -185,7 +185,7 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int):
 
 def env_scorer(env_id: str, env_kwargs: dict[str, Any]):
     """``score(question, answer, text)``: the recipe env's reward for ``text`` (Math env)."""
-    from envs.registry import make_env
+    from astraflow.envs.registry import make_env
 
     env = make_env(env_id, **env_kwargs)
 
@@ -217,7 +217,7 @@ def checkpoint_accuracy(settings: dict[str, Any], seed: int, policies: Iterable[
         from astraflow.models import load_tokenizer
 
         hf_logging.disable_progress_bar()  # keep the benchmark's own output readable
-        from tasks.catalog import load_task_set
+        from astraflow.tasks.catalog import load_task_set
 
         ckpt = Path(run_dir) / "checkpoints" / policy / f"checkpoint-{step}"
         if not (ckpt / "config.json").exists():

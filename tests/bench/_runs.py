@@ -204,7 +204,7 @@ def run_recipe(
     output_dir = workdir / f"{system}-s{seed}"
     output_dir.mkdir(parents=True, exist_ok=True)
     sets = [f"run.output_dir={json.dumps(str(output_dir))}", f"run.seed={seed}", *overrides]
-    argv = [sys.executable, "-m", "cli.main", "train", str(recipe), "--no-live"]
+    argv = [sys.executable, "-m", "astraflow.cli.main", "train", str(recipe), "--no-live"]
     argv += ["--timeout", str(int(timeout_s))]
     for s in sets:
         argv += ["--set", s]

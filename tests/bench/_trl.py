@@ -147,10 +147,10 @@ class Worker:
         import torch
 
         torch.set_num_threads(ns.threads)
+        from astraflow.tasks.catalog import load_task_set
         from transformers import AutoModelForCausalLM
 
         from astraflow.models import load_tokenizer, resolve_model
-        from tasks.catalog import load_task_set
 
         cfg = json.loads(ns.settings)
         out = Path(ns.out)

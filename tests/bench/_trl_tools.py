@@ -17,8 +17,8 @@ What TRL does natively (trl 1.16, ``grpo_trainer.py``), and what this module sup
   (``_get_tool_suffix_ids``, masked out of the loss) and the model generates again, up to
   ``max_tool_calling_iterations`` (the recipe's ``max_turns - 1``) rounds.
 
-The tool is :func:`tasks.calculator.calculator` behind the recipe's latency distribution
-(:func:`latency_tool`: the same :class:`~envs.wrappers.latency.LatencySampler`, one draw per call,
+The tool is :func:`astraflow.tasks.calculator.calculator` behind the recipe's latency distribution
+(:func:`latency_tool`: the same :class:`~astraflow.envs.wrappers.latency.LatencySampler`, one draw per call,
 an ``asyncio.sleep``), async so that TRL gathers a sample's calls on its event loop. TRL's loop
 still awaits one sample's calls before it runs the next sample's (``.result()`` inside the loop
 over samples), so a step's tool time is the *sum* of its calls' delays: that is TRL's tool loop as
@@ -58,12 +58,11 @@ def latency_tool(
     fn: Callable[..., Any], distribution, seed: int, calls: list[float]
 ) -> Callable[..., Any]:
     """``fn`` as an async tool that first waits a delay drawn from ``distribution`` (a
-    :class:`~envs.wrappers.latency.LatencyDistribution`; stream ``(seed, "trl")``), keeping
+    :class:`~astraflow.envs.wrappers.latency.LatencyDistribution`; stream ``(seed, "trl")``), keeping
     ``fn``'s name, signature and docstring (TRL and AstraFlow derive the same JSON schema from
     them). Each call's delay is appended to ``calls``."""
     import numpy as np
-
-    from envs.wrappers.latency import LatencySampler, stream_id
+    from astraflow.envs.wrappers.latency import LatencySampler, stream_id
 
     sampler = LatencySampler(
         distribution, np.random.SeedSequence(seed, spawn_key=(stream_id("trl"),))
@@ -112,8 +111,9 @@ def reward_function(score: Callable[[str, str, str], float]) -> Callable[..., li
 def trl_tools_worker(ns: argparse.Namespace) -> None:
     """Stock ``trl.GRPOTrainer`` with ``tools=[calculator behind the latency]``; AstraFlow-format
     metrics (steps, held-out evaluations, tool wait) as every TRL run of the benches."""
+    from astraflow.envs.wrappers.latency import LatencyDistribution
+
     from astraflow.tools.schema import load_tool
-    from envs.wrappers.latency import LatencyDistribution
 
     w = T.Worker.start(ns)
     cfg = w.cfg

@@ -170,7 +170,7 @@ def recipe_settings(
 
 
 def latency_distribution(settings: dict[str, Any]):
-    from envs.wrappers.latency import LatencyDistribution
+    from astraflow.envs.wrappers.latency import LatencyDistribution
 
     cfg = dict(settings["env_latency"] or {"distribution": "fixed", "value_s": 0.0})
     return LatencyDistribution.from_config(
@@ -192,10 +192,10 @@ def trl_worker(ns: argparse.Namespace) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
+    from astraflow.envs import make_env
+    from astraflow.envs.wrappers.latency import LatencyEnvFactory
 
     from astraflow.rollout.workflows.tokens import ChatRenderer
-    from envs import make_env
-    from envs.wrappers.latency import LatencyEnvFactory
 
     w = T.Worker.start(ns)
     cfg, tokenizer, train = w.cfg, w.tokenizer, w.train_tasks
@@ -694,7 +694,7 @@ def sandbox_unavailable() -> str | None:
     if shutil.which("bwrap") is None:
         return "bubblewrap (bwrap) is not installed (apt-get install bubblewrap; .ci/run does)"
     try:
-        from envs.sandbox import select_backend
+        from astraflow.envs.sandbox import select_backend
 
         box = select_backend("bwrap")
         try:
@@ -713,7 +713,7 @@ def straggler_report(
 ) -> dict[str, Any]:
     """The bound computed from the latency distribution: per step, a lock-step batch waits
     E[max of n draws] at each turn; observed turn counts from the TRL runs where available."""
-    from envs.wrappers.latency import straggler_bound
+    from astraflow.envs.wrappers.latency import straggler_bound
 
     dist = latency_distribution(settings)
     batch = settings["group_size"] * settings["groups_per_step"]

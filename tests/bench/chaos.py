@@ -210,7 +210,14 @@ def run_once(workdir: Path, seed: int, max_steps: int, faults: int) -> RunOutcom
     out_dir = workdir / f"seed{seed}"
     sets = [*SMALL, f"run.max_steps={max_steps}", f"run.seed={seed}",
             f"run.output_dir={json.dumps(str(out_dir))}"]  # fmt: skip
-    argv = [sys.executable, "-m", "cli.main", "train", "recipes/quickstart.toml", "--no-live"]
+    argv = [
+        sys.executable,
+        "-m",
+        "astraflow.cli.main",
+        "train",
+        "recipes/quickstart.toml",
+        "--no-live",
+    ]
     for s in sets:
         argv += ["--set", s]
     run_dir = out_dir / "quickstart"

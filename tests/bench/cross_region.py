@@ -243,7 +243,7 @@ def run_scenario(plan: Plan, wd: Path, link: N.LinkSpec) -> dict[str, Any]:
             if plan.cache:
                 cache_file = wd / "cache.url"
                 region.start("weight-cache", [
-                    sys.executable, "-m", "cli.main", "serve", "weight-cache",
+                    sys.executable, "-m", "astraflow.cli.main", "serve", "weight-cache",
                     "--upstream", weights_url, "--host", "0.0.0.0", "--port", "0",
                     "--port-file", str(cache_file), "--dir", str(wd / "weight-cache"),
                 ], env=env)  # fmt: skip
@@ -266,7 +266,7 @@ def run_scenario(plan: Plan, wd: Path, link: N.LinkSpec) -> dict[str, Any]:
 
             def start_node(name: str, ns: str):
                 argv = [
-                    sys.executable, "-m", "cli.main", "serve", "rollout",
+                    sys.executable, "-m", "astraflow.cli.main", "serve", "rollout",
                     "--join", join_for[ns], "--weight-cache", cache_for[ns],
                     "--name", name, "--region", REGION, "--concurrency", str(plan.concurrency),
                     "--drain-timeout", "10",

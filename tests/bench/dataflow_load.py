@@ -99,7 +99,7 @@ class ServiceProcess:
         cmd = [
             sys.executable,
             "-m",
-            "cli.main",
+            "astraflow.cli.main",
             "serve",
             "dataflow",
             "--recipe",

@@ -31,12 +31,12 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from astraflow.tasks.catalog import load_task_set  # noqa: E402
 from dataflow_load import TOKEN, episode_templates, push_body, write_recipe  # noqa: E402
 
 from astraflow.dataflow.http.app import create_app  # noqa: E402
 from astraflow.protocol import LeaseRequest, NodeRegistration  # noqa: E402
 from astraflow.recipe import load_recipe  # noqa: E402
-from tasks.catalog import load_task_set  # noqa: E402
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 HEADERS = [

@@ -37,11 +37,11 @@ def main() -> None:
     args = ap.parse_args()
     n, repeat = (200, 3) if args.quick else (2000, 5)
 
-    from envs.math.answer import answers_match, symbolic_equal
-    from envs.registry import default_registry
-    from envs.search.corpus import load_corpus_jsonl
-    from envs.search.index import SearchIndex
-    from envs.search.stdlib_corpus import ensure_stdlib_set, stdlib_questions
+    from astraflow.envs.math.answer import answers_match, symbolic_equal
+    from astraflow.envs.registry import default_registry
+    from astraflow.envs.search.corpus import load_corpus_jsonl
+    from astraflow.envs.search.index import SearchIndex
+    from astraflow.envs.search.stdlib_corpus import ensure_stdlib_set, stdlib_questions
 
     ints = [(str(i * 7), str(i * 7 if i % 2 else i * 7 + 1)) for i in range(n)]
     latex = [("\\frac{1}{2}", "0.5"), ("x+1", "1+x"), ("5\\sqrt{2}", "\\sqrt{50}")] * (n // 30 + 1)

@@ -195,7 +195,7 @@ def run_resources(
         ]
         return min(done) >= steps
 
-    argv = [sys.executable, "-m", "cli.main", "train", str(recipe), "--no-live"]
+    argv = [sys.executable, "-m", "astraflow.cli.main", "train", str(recipe), "--no-live"]
     argv += ["--timeout", str(int(timeout_s)), "--set", f"run.output_dir={json.dumps(str(out))}"]
     outcome = _runs.run_subprocess(
         argv, out / "train.log", timeout_s + 120.0, finished=finished, poll_s=0.5

@@ -136,12 +136,12 @@ def version_evals(
     """Greedy held-out accuracy of both policies at versions 0, every, 2*every, ..., steps, read
     from the run's weight store, each placed at the time its policy's step was committed."""
     import torch
+    from astraflow.tasks.catalog import load_task_set
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     from astraflow.models import load_tokenizer, resolve_model
     from astraflow.rollout.workflows.multi_agent import parse_verdict
-    from tasks.catalog import load_task_set
 
     hf_logging.disable_progress_bar()  # keep the benchmark's own output readable
     run_dir = Path(run.run_dir or "")
@@ -434,7 +434,7 @@ def straggler_report(settings: dict[str, Any]) -> dict[str, Any]:
     """The bound from the latency distribution: a lock-step round of ``batch`` episodes waits for
     the slowest of each of its serial tool calls (up to ``max_turns`` solver tries, then the
     verifier's check), E[max of batch draws] each; an asynchronous pipeline pays the mean."""
-    from envs.wrappers.latency import straggler_bound
+    from astraflow.envs.wrappers.latency import straggler_bound
 
     dist = agentic.latency_distribution(settings)
     batch = settings["group_size"] * max(settings["groups_per_step"].values())

@@ -605,7 +605,7 @@ SECTIONS: list[Section] = [
         "tool_learning",
         "The tiny tools policy learns to use its calculator (`tests/bench/tool_learning.py`)",
         "`recipes/tools_calculator.toml` (the `tool_agent` workflow, `astraflow/Tools-v0` with "
-        "`tasks.calculator:calculator`, the hermes parser) trained from `builtin:tiny-tools`; the "
+        "`astraflow.tasks.calculator:calculator`, the hermes parser) trained from `builtin:tiny-tools`; the "
         "start and each run's final checkpoint scored by `astraflow eval run` on the held-out "
         "calculator split with the same workflow, env and parser, sampled at the recipe's "
         "temperature. Success: the final answer equals the product; valid calls: episodes that "

@@ -80,7 +80,7 @@ def overrides(nodes: int, address: str, out: Path, args: argparse.Namespace) -> 
 def run_one(nodes: int, address: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One run: started, measured over the window after the first episode plus the warm-up,
     then stopped with Ctrl-C (SIGINT), as a user would."""
-    argv = [sys.executable, "-m", "cli.main", "train", str(RECIPE), "--no-live"]
+    argv = [sys.executable, "-m", "astraflow.cli.main", "train", str(RECIPE), "--no-live"]
     for s in overrides(nodes, address, work, args):
         argv += ["--set", s]
     log = work / f"scale-{nodes}.out"

@@ -24,7 +24,7 @@ import _results  # noqa: E402
 import _trl_tools  # noqa: E402
 
 QUESTION, ANSWER = "347*582", "201954"
-CALCULATOR = ["tasks.calculator:calculator"]
+CALCULATOR = ["astraflow.tasks.calculator:calculator"]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def tokenizer():
 
 
 def _no_delay():
-    from envs.wrappers.latency import LatencyDistribution
+    from astraflow.envs.wrappers.latency import LatencyDistribution
 
     return LatencyDistribution("fixed", {"value_s": 0.0})
 
@@ -62,6 +62,7 @@ def _call_text(tokenizer) -> str:
 
 
 def test_trl_renders_and_parses_the_tiny_tools_policy_as_astraflow_does(tokenizer):
+    from astraflow.tasks.calculator import calculator
     from trl.chat_template_utils import (
         add_response_schema,
         is_chat_template_prefix_preserving,
@@ -72,7 +73,6 @@ def test_trl_renders_and_parses_the_tiny_tools_policy_as_astraflow_does(tokenize
     from astraflow.rollout.workflows.tokens import ChatRenderer
     from astraflow.tools.parsers import get_tool_parser
     from astraflow.tools.schema import function_schema
-    from tasks.calculator import calculator
 
     # TRL's checks for its native tool loop pass; its response parsers know only published
     # templates, which is why the bench sets RESPONSE_TEMPLATE on the tokenizer
@@ -112,9 +112,10 @@ def test_trl_renders_and_parses_the_tiny_tools_policy_as_astraflow_does(tokenize
 
 
 def test_latency_tool_keeps_the_schema_and_waits_each_call():
+    from astraflow.envs.wrappers.latency import LatencyDistribution
+    from astraflow.tasks.calculator import calculator
+
     from astraflow.tools.schema import function_schema
-    from envs.wrappers.latency import LatencyDistribution
-    from tasks.calculator import calculator
 
     delays: list[float] = []
     dist = LatencyDistribution("fixed", {"value_s": 0.05})
@@ -156,12 +157,12 @@ def test_trl_tool_loop_runs_the_calculator_on_the_builtin_policy(agentic, tokeni
     latency tool, its results come back as tool messages masked out of the loss."""
     import _trl as T
     import torch
+    from astraflow.tasks.calculator import calculator
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
     from trl import GRPOTrainer
 
     from astraflow.models import resolve_model
-    from tasks.calculator import calculator
 
     settings = agentic.tools_case_settings([], True, 1, 1)
     tokenizer.response_template = _trl_tools.RESPONSE_TEMPLATE
@@ -200,10 +201,10 @@ def test_tool_accuracy_plays_real_tool_episodes(tokenizer):
     """The held-out metric runs the calls: the policy cannot multiply 3-digit numbers itself, so
     any success means a call ran and its result was read back."""
     import torch
+    from astraflow.tasks.catalog import load_task_set
     from transformers import AutoModelForCausalLM
 
     from astraflow.models import resolve_model
-    from tasks.catalog import load_task_set
 
     model = AutoModelForCausalLM.from_pretrained(
         resolve_model("builtin:tiny-tools"), dtype=torch.float32

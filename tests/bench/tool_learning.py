@@ -1,7 +1,7 @@
 """Does the tiny tools policy learn to use its calculator? Held-out success before and after RL.
 
 Trains ``recipes/tools_calculator.toml`` with ``astraflow train`` (the ``tool_agent`` workflow,
-``astraflow/Tools-v0`` with ``tasks.calculator:calculator``, the policy's ``tool_parser =
+``astraflow/Tools-v0`` with ``astraflow.tasks.calculator:calculator``, the policy's ``tool_parser =
 "hermes"``), then scores the starting policy (``builtin:tiny-tools``) and the run's final
 checkpoint with ``astraflow eval run`` on the held-out calculator test split: the same workflow,
 env and parser, ``--samples`` episodes per problem at the recipe's sampling temperature (1.0).
@@ -80,7 +80,7 @@ def evaluate(
     policy: str, out: Path, problems: int, samples: int, timeout_s: float
 ) -> dict[str, Any]:
     """``astraflow eval run`` of ``policy`` on the held-out split; its rates (and wall time)."""
-    argv = [sys.executable, "-m", "cli.main", "eval", "run", "--policy", policy,
+    argv = [sys.executable, "-m", "astraflow.cli.main", "eval", "run", "--policy", policy,
             "--tasks", "calculator:test", "--limit", str(problems), "--samples", str(samples),
             "--concurrency", "64", "--out", str(out), *_recipe_eval_args()]  # fmt: skip
     started = time.perf_counter()

@@ -1,8 +1,8 @@
 """AstraFlow versus TRL's stock ``GRPOTrainer``: time to reach a held-out accuracy on a 2-core CPU.
 
 Three systems train the same starter policy (``builtin:tiny-arith``) on the same task stream
-(``tasks.arith`` train split, in loader order), with the same reward (the Math env's grading,
-``envs.math``), sampling (temperature 1.0, top-p 1, no top-k, ``max_tokens`` of the quickstart),
+(``astraflow.tasks.arith`` train split, in loader order), with the same reward (the Math env's grading,
+``astraflow.envs.math``), sampling (temperature 1.0, top-p 1, no top-k, ``max_tokens`` of the quickstart),
 group size, groups per step, loss (DAPO, beta 0), learning rate (constant) and number of optimizer
 steps, hence the same number of trained samples:
 
@@ -197,10 +197,10 @@ def published_version_evals(
     ..., steps, read from the run's
     weight store, each placed at the time its step was committed (version 0 at training start)."""
     import torch
+    from astraflow.tasks.catalog import load_task_set
     from transformers import AutoModelForCausalLM
 
     from astraflow.models import load_tokenizer, resolve_model
-    from tasks.catalog import load_task_set
 
     run_dir = Path(run.run_dir or "")
     records = _records.read_jsonl(run_dir / "metrics.jsonl")

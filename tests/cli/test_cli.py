@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import typer
+from astraflow.cli.common import EXIT_UNAVAILABLE, unavailable
 from typer.testing import CliRunner
-
-from cli.common import EXIT_UNAVAILABLE, unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 COMMANDS = [
@@ -31,7 +30,7 @@ HEAVY = ("torch", "transformers", "trl", "vllm", "ray", "cryptography")
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
+        [sys.executable, "-m", "astraflow.cli.main", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -54,7 +53,7 @@ def test_cli_imports_no_heavy_libraries():
     """`astraflow --help` (and each group's help) must not pay for torch/transformers/trl."""
     code = (
         "import sys\n"
-        "from cli.main import app\n"
+        "from astraflow.cli.main import app\n"
         f"for args in [['--help']] + [[c, '--help'] for c in {COMMANDS!r}]:\n"
         "    try:\n"
         "        app(args, prog_name='astraflow')\n"

@@ -22,7 +22,7 @@ def test_dashboard_of_a_finished_run_directory(tmp_path):
     step = {"type": "step", "policy": "policy", "step": 1, "time": 1.0, "reward_mean": 0.5}
     (run_dir / "metrics.jsonl").write_text(json.dumps(step) + "\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "dashboard", str(run_dir), "--port", "0"],
+        [sys.executable, "-m", "astraflow.cli.main", "dashboard", str(run_dir), "--port", "0"],
         cwd=ROOT, env={**os.environ, "COLUMNS": "200"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
@@ -44,7 +44,7 @@ def test_dashboard_of_a_finished_run_directory(tmp_path):
 
 
 def test_commands_of_a_running_job_name_a_bad_ca_file(tmp_path):
-    """status, stop and dashboard open the service's client one way (``cli.common``): a CA file
+    """status, stop and dashboard open the service's client one way (``astraflow.cli.common``): a CA file
     that cannot be read is one line naming the flag, never a traceback (dashboard's was)."""
     missing = tmp_path / "nope.pem"
     for args in (
@@ -53,7 +53,7 @@ def test_commands_of_a_running_job_name_a_bad_ca_file(tmp_path):
         ["dashboard", "https://127.0.0.1:9", "--token", "t"],
     ):
         out = subprocess.run(
-            [sys.executable, "-m", "cli.main", *args, "--ca-file", str(missing)],
+            [sys.executable, "-m", "astraflow.cli.main", *args, "--ca-file", str(missing)],
             cwd=ROOT, env={**os.environ, "COLUMNS": "200"},
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip

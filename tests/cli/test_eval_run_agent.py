@@ -17,7 +17,7 @@ AGENT = ROOT / "tests" / "rollout" / "openai_agents" / "arith_agent.py"
 
 def eval_run(tmp_path: Path, agent: str, out: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", "eval", "run", "--policy", "builtin:tiny-arith",
+        [sys.executable, "-m", "astraflow.cli.main", "eval", "run", "--policy", "builtin:tiny-arith",
          "--env", "astraflow/Math-v0", "--tasks", "arith:test", "--limit", "2",
          "--max-tokens", "8", "--device", "cpu", "--agent", agent, "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -40,7 +40,7 @@ def test_agent_runs_and_the_report_holds_each_samples_text(tmp_path):
         assert policy_turn["role"] == "agent" and policy_turn["versions"] == [0]
         assert 0 < policy_turn["tokens"] <= 8 and isinstance(policy_turn["text"], str)
     # the question of the task is in the context the policy saw
-    from tasks.catalog import load_task_set
+    from astraflow.tasks.catalog import load_task_set
 
     question = load_task_set("arith", "test", limit=1)[0]["question"]
     texts = [t["text"] for r in report["samples"] for t in r["transcript"]]

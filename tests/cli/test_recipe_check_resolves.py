@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from astraflow.cli.main import app
 from typer.testing import CliRunner
-
-from cli.main import app
 
 BASE = '[policies.policy]\nmodel = "builtin:tiny-arith"\n'
 

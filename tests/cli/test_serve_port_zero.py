@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_port_zero_prints_the_bound_port():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "serve", "policy", "builtin:tiny-arith", "--port", "0",
+        [sys.executable, "-m", "astraflow.cli.main", "serve", "policy", "builtin:tiny-arith", "--port", "0",
          "--api-key", "k", "--device", "cpu"],
         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

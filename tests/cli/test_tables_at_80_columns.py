@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def cli(*args: str) -> str:
     proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", *args], cwd=ROOT, capture_output=True, text=True,
+        [sys.executable, "-m", "astraflow.cli.main", *args], cwd=ROOT, capture_output=True, text=True,
         timeout=120, env={**os.environ, "COLUMNS": "80"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

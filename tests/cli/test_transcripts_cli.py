@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args], cwd=ROOT, capture_output=True, text=True,
+        [sys.executable, "-m", "astraflow.cli.main", *args], cwd=ROOT, capture_output=True, text=True,
         timeout=timeout, env={**os.environ, "COLUMNS": "120"},
     )  # fmt: skip
 

@@ -15,12 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from astraflow.tasks.catalog import load_task_set
+
 from astraflow.dataflow.config import ServiceConfig
 from astraflow.dataflow.http.app import create_app
 from astraflow.protocol import Episode, Trajectory
 from astraflow.protocol.http_server import HTTPServer
 from astraflow.recipe import Recipe, recipe_to_toml
-from tasks.catalog import load_task_set
 
 TOKEN = "test-token-123"
 REPO = Path(__file__).resolve().parents[2]
@@ -145,7 +146,7 @@ class ServiceProcess:
         cmd = [
             sys.executable,
             "-m",
-            "cli.main",
+            "astraflow.cli.main",
             "serve",
             "dataflow",
             "--recipe",

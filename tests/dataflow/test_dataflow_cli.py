@@ -13,7 +13,7 @@ from astraflow.protocol.client import SyncDataflowClient
 
 def _cli(*args, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
+        [sys.executable, "-m", "astraflow.cli.main", *args],
         cwd=REPO,
         text=True,
         capture_output=True,
@@ -55,7 +55,7 @@ def test_serve_refuses_to_start_without_token(tmp_path):
     path.write_text(recipe_to_toml(recipe))
     env = {k: v for k, v in os.environ.items() if k != "ASTRAFLOW_TOKEN"}
     out = subprocess.run(
-        [sys.executable, "-m", "cli.main", "serve", "dataflow", "--recipe", str(path)],
+        [sys.executable, "-m", "astraflow.cli.main", "serve", "dataflow", "--recipe", str(path)],
         cwd=REPO,
         text=True,
         capture_output=True,

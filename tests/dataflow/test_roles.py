@@ -9,6 +9,7 @@ from __future__ import annotations
 import httpx
 import msgpack
 import pytest
+from astraflow.tasks.catalog import load_task_set
 from dataflow_helpers import TOKEN, ThreadedService, group, make_recipe
 
 from astraflow.dataflow.http.access import RULES, allowed_roles
@@ -24,7 +25,6 @@ from astraflow.protocol.auth import (
     token_role,
 )
 from astraflow.protocol.client import AuthError, ForbiddenError, SyncDataflowClient
-from tasks.catalog import load_task_set
 
 NODE_TOKEN = derive_token(TOKEN, NODE)
 TRAINER_TOKEN = derive_token(TOKEN, TRAINER)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import httpx
 import msgpack
 import pytest
+from astraflow.tasks.catalog import load_task_set
 from dataflow_helpers import TOKEN, ThreadedService, make_recipe
 
 from astraflow.dataflow.http.app import create_app
 from astraflow.dataflow.http.routes import ROUTES, Route
 from astraflow.protocol import routes as api
-from tasks.catalog import load_task_set
 
 MSGPACK = "application/msgpack"
 

@@ -147,10 +147,10 @@ def test_live_view_at_80_columns_shows_drops_and_errors_in_full(running):
 def test_status_cli_with_run_dir_shows_the_autoscaler(running, tmp_path):
     """``astraflow status URL --run-dir``: the service's tables under the autoscaler's line,
     read from the run's ``autoscale.jsonl``."""
+    from astraflow.cli.main import app
     from typer.testing import CliRunner
 
     from astraflow.launch.scaling import AutoscaleLog
-    from cli.main import app
 
     svc, _ = running
     figures = {"nodes": 2, "groups_per_node": 2, "in_flight": 3, "trainer_idle": 0.4,

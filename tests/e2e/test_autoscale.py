@@ -64,7 +64,7 @@ def train_autoscaled(tmp_path: Path, *extra: str) -> Path:
     for s in [*LOAD, f"run.output_dir={json.dumps(str(tmp_path))}", *extra]:
         sets += ["--set", s]
     proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", "train", "recipes/quickstart.toml", "--no-live", *sets],
+        [sys.executable, "-m", "astraflow.cli.main", "train", "recipes/quickstart.toml", "--no-live", *sets],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
         env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip

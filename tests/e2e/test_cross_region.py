@@ -85,7 +85,7 @@ def test_partitioned_remote_node_loses_and_duplicates_nothing(tmp_path):
             relay = region.relay("weights", f"{region.home_ip}:0", f"127.0.0.1:{wport}", "")
             df_port = int(handle.url.rsplit(":", 1)[1])
             node = region.start("remote-0", [
-                sys.executable, "-m", "cli.main", "serve", "rollout",
+                sys.executable, "-m", "astraflow.cli.main", "serve", "rollout",
                 "--join", f"http://{region.home_ip}:{df_port}",
                 "--weight-cache", f"http://{region.home_ip}:{relay}",
                 "--name", "remote-0", "--region", "remote", "--concurrency", "32",

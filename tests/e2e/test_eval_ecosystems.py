@@ -44,7 +44,7 @@ gym.register("echo_env/Echo-v0", entry_point=Echo)
 
 def eval_run(tmp_path: Path, env: str, tasks: str, *extra: str, pythonpath: str = "", n: int = 4):
     out = tmp_path / "report.json"
-    argv = [sys.executable, "-m", "cli.main", "eval", "run", "--policy", "builtin:tiny-tools",
+    argv = [sys.executable, "-m", "astraflow.cli.main", "eval", "run", "--policy", "builtin:tiny-tools",
             "--env", env, "--tasks", tasks, "--limit", "4", "--max-tokens", "16",
             "--device", "cpu", "--out", str(out), *extra]  # fmt: skip
     path = os.pathsep.join(p for p in (pythonpath, os.environ.get("PYTHONPATH", "")) if p)

@@ -45,7 +45,7 @@ def run_dir(tmp_path_factory):
     argv = [
         sys.executable,
         "-m",
-        "cli.main",
+        "astraflow.cli.main",
         "train",
         "recipes/multi_policy_lora.toml",
         "--no-live",

@@ -35,7 +35,7 @@ def run_dir(tmp_path_factory):
     argv = [
         sys.executable,
         "-m",
-        "cli.main",
+        "astraflow.cli.main",
         "train",
         "recipes/multi_policy_math.toml",
         "--no-live",

@@ -121,7 +121,7 @@ def test_ray_launcher_without_ray_names_the_extra(tmp_path):
     extra to install (and starts nothing)."""
     code = (
         "import sys; sys.modules['ray'] = None\n"
-        "from cli.main import app\n"
+        "from astraflow.cli.main import app\n"
         "app()\n"
     )  # fmt: skip
     proc = subprocess.run(
@@ -188,7 +188,7 @@ def test_ray_recipes_check_without_importing_ray():
     `--help` imports Ray (the base install does not need it)."""
     code = (
         "import sys\n"
-        "from cli.main import app\n"
+        "from astraflow.cli.main import app\n"
         "try:\n"
         "    app()\n"
         "except SystemExit as e:\n"

@@ -35,7 +35,7 @@ def _train(
     for s in [*SMALL, f"run.output_dir={json.dumps(str(output_dir))}", *extra]:
         sets += ["--set", s]
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", "train", recipe, "--no-live", *sets],
+        [sys.executable, "-m", "astraflow.cli.main", "train", recipe, "--no-live", *sets],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -126,7 +126,14 @@ def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: fl
 def _start(tmp_path: Path, *extra: str) -> tuple[list[str], subprocess.Popen]:
     sets = [*SMALL, "run.max_steps=8", "policies.policy.trainer.checkpoint_every=3",
             f"run.output_dir={json.dumps(str(tmp_path))}", *extra]  # fmt: skip
-    argv = [sys.executable, "-m", "cli.main", "train", "recipes/quickstart.toml", "--no-live"]
+    argv = [
+        sys.executable,
+        "-m",
+        "astraflow.cli.main",
+        "train",
+        "recipes/quickstart.toml",
+        "--no-live",
+    ]
     for s in sets:
         argv += ["--set", s]
     proc = subprocess.Popen(
@@ -242,7 +249,7 @@ def test_astraflow_stop_ends_a_run_with_a_checkpoint_and_every_service_exiting_0
         _wait_for_step(run_dir, 2, proc)
         url = (run_dir / "dataflow.url").read_text().strip()
         stopped = subprocess.run(
-            [sys.executable, "-m", "cli.main", "stop", url, "--reason", "test stop",
+            [sys.executable, "-m", "astraflow.cli.main", "stop", url, "--reason", "test stop",
              "--token", (run_dir / "run.secret").read_text().strip()],
             cwd=ROOT, capture_output=True, text=True, timeout=60,
         )  # fmt: skip

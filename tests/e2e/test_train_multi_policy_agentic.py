@@ -37,7 +37,13 @@ def run_dir(tmp_path_factory):
         "tasks.env_latency.p99_s=0.5",
         f"run.output_dir={json.dumps(str(out))}",
     ]
-    argv = [sys.executable, "-m", "cli.main", "train", "recipes/multi_policy_agentic.toml"]
+    argv = [
+        sys.executable,
+        "-m",
+        "astraflow.cli.main",
+        "train",
+        "recipes/multi_policy_agentic.toml",
+    ]
     argv += ["--no-live"]
     for s in sets:
         argv += ["--set", s]

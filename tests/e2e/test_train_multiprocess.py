@@ -90,7 +90,7 @@ def test_two_process_command_line(tmp_path):
     recipe = load_recipe(root / "recipes" / "quickstart.toml", [TWO])
     argv = trainer_argv(recipe, tmp_path / "r.toml", "policy", "http://h:1", tmp_path, resume=True)
     assert argv[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    assert argv[6:10] == ["-m", "cli.main", "serve", "trainer"] and argv[-1] == "--resume"
+    assert argv[6:10] == ["-m", "astraflow.cli.main", "serve", "trainer"] and argv[-1] == "--resume"
     config = tmp_path / "fsdp.yaml"
     config.write_text("distributed_type: FSDP\n")
     recipe = load_recipe(root / "recipes" / "quickstart.toml",
@@ -101,7 +101,7 @@ def test_two_process_command_line(tmp_path):
     assert "--resume" not in argv
     single = trainer_argv(load_recipe(root / "recipes" / "quickstart.toml"), tmp_path / "r.toml",
                           "policy", "http://h:1", tmp_path)  # fmt: skip
-    assert single[1:5] == ["-m", "cli.main", "serve", "trainer"]
+    assert single[1:5] == ["-m", "astraflow.cli.main", "serve", "trainer"]
     missing = load_recipe(root / "recipes" / "quickstart.toml",
                           ['policies.policy.trainer.accelerate_config="/nonexistent.yaml"'])  # fmt: skip
     with pytest.raises(ValueError, match=r"policies\.policy\.trainer\.accelerate_config"):
@@ -122,7 +122,7 @@ def test_missing_accelerate_config_fails_before_anything_starts(tmp_path):
     root = Path(__file__).resolve().parents[2]
     missing = tmp_path / "missing.yaml"
     proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", "train", "recipes/quickstart.toml", "--no-live",
+        [sys.executable, "-m", "astraflow.cli.main", "train", "recipes/quickstart.toml", "--no-live",
          "--set", f"run.output_dir={json.dumps(str(tmp_path / 'runs'))}",
          "--set", f"policies.policy.trainer.accelerate_config={json.dumps(str(missing))}"],
         cwd=root, capture_output=True, text=True, timeout=120,

@@ -26,7 +26,14 @@ def test_tools_recipe_trains(tmp_path):
         "dataflow.policies=[]",
         f"run.output_dir={json.dumps(str(tmp_path))}",
     ]
-    argv = [sys.executable, "-m", "cli.main", "train", "recipes/tools_calculator.toml", "--no-live"]
+    argv = [
+        sys.executable,
+        "-m",
+        "astraflow.cli.main",
+        "train",
+        "recipes/tools_calculator.toml",
+        "--no-live",
+    ]
     for s in sets:
         argv += ["--set", s]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900,

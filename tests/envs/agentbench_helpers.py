@@ -39,7 +39,7 @@ def need_alfworld_data() -> Path:
 
 def need_alfworld() -> str:
     """Skip unless the alfworld extra (alfworld, textworld[pddl], nltk) is installed."""
-    from envs.agentbench.alfworld.game import require_textworld
+    from astraflow.envs.agentbench.alfworld.game import require_textworld
 
     try:
         return require_textworld()

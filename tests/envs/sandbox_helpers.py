@@ -11,8 +11,7 @@ import os
 from collections.abc import Callable
 
 import pytest
-
-from envs.sandbox import SandboxError, make_backend
+from astraflow.envs.sandbox import SandboxError, make_backend
 
 REQUIRE_DOCKER = "ASTRAFLOW_REQUIRE_DOCKER"
 

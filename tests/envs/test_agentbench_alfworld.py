@@ -8,9 +8,8 @@ import json
 
 import pytest
 from agentbench_helpers import need_alfworld, need_alfworld_data
-
-from envs.agentbench.alfworld import protocol
-from envs.agentbench.alfworld.wording import (
+from astraflow.envs.agentbench.alfworld import protocol
+from astraflow.envs.agentbench.alfworld.wording import (
     HELP_ACTION_PDDL,
     HELP_GRAMMAR,
     WordingError,
@@ -84,8 +83,8 @@ def test_every_shared_game_round_trips_to_agentbench_wording():
 
 
 def test_payloads_carry_the_whole_task():
-    from envs.agentbench.data import DataError, load_alfworld
-    from tasks.catalog import default_task_sets
+    from astraflow.envs.agentbench.data import DataError, load_alfworld
+    from astraflow.tasks.catalog import default_task_sets
 
     data = need_alfworld_data()
     dev = load_alfworld(data, "dev")
@@ -129,13 +128,13 @@ def test_replies_are_read_as_agentbench_reads_them():
 
 
 def _env(**kwargs):
-    from envs.agentbench.alfworld.env import AgentBenchALFWorldEnv
+    from astraflow.envs.agentbench.alfworld.env import AgentBenchALFWorldEnv
 
     return AgentBenchALFWorldEnv(**kwargs)
 
 
 def _dev(data, type_="put"):
-    from envs.agentbench.data import load_alfworld
+    from astraflow.envs.agentbench.data import load_alfworld
 
     return next(p for p in load_alfworld(data, "dev") if p["type"] == type_)
 
@@ -199,7 +198,7 @@ def test_env_endings_invalid_repeated_and_round_limit():
 @pytest.mark.slow
 def test_compact_prompt_and_abort():
     need_alfworld()
-    from envs.agentbench.status import SampleStatus
+    from astraflow.envs.agentbench.status import SampleStatus
 
     env = _env(prompt_style="compact")
     obs, info = env.reset(options={"task": _dev(need_alfworld_data(), "heat")})
@@ -219,15 +218,16 @@ def test_workflow_renders_the_opening_as_chat_turns():
 
     need_alfworld()
     data = need_alfworld_data()
+    from astraflow.envs.agentbench import ALFWORLD_ENV_ID
+    from astraflow.envs.agentbench.oracle import OracleEpisode
+    from astraflow.envs.registry import make_env
+
     from astraflow.protocol import Task
     from astraflow.rollout.engines.base import SamplingParams
     from astraflow.rollout.engines.scripted import ScriptedEngine
     from astraflow.rollout.env_runner import EnvRunner
     from astraflow.rollout.workflows import RolePolicy
     from astraflow.rollout.workflows.single_agent import single_agent
-    from envs.agentbench import ALFWORLD_ENV_ID
-    from envs.agentbench.oracle import OracleEpisode
-    from envs.registry import make_env
 
     task = _dev(data, "cool")
     engine = ScriptedEngine(OracleEpisode("alfworld", task).reply)  # ChatML byte tokenizer
@@ -264,9 +264,8 @@ def test_eval_agentbench_oracle_wins_every_dev_game(tmp_path):
     AgentBench's reply format through the training workflow, win all 20 dev games."""
     need_alfworld()
     data = need_alfworld_data()
+    from astraflow.cli.main import app
     from typer.testing import CliRunner
-
-    from cli.main import app
 
     out = tmp_path / "alfworld.json"
     args = ["eval", "agentbench", "--agent", "oracle", "--tasks", "alfworld",
@@ -288,8 +287,8 @@ def test_games_in_threads_share_a_bounded_pool_of_planner_libraries():
     from concurrent.futures import ThreadPoolExecutor
 
     need_alfworld()
-    from envs.agentbench.alfworld.game import PLANNER_LIBRARIES, Game
-    from envs.agentbench.data import load_alfworld
+    from astraflow.envs.agentbench.alfworld.game import PLANNER_LIBRARIES, Game
+    from astraflow.envs.agentbench.data import load_alfworld
 
     tasks = load_alfworld(need_alfworld_data(), "dev")[:3]
 

@@ -7,18 +7,18 @@ import asyncio
 
 import pytest
 from agentbench_helpers import need_data, need_mysql
-
-from astraflow.rollout.evaluation.agentbench import EvalConfig, evaluate, oracle_agent
-from envs.agentbench.data import load_dbbench
-from envs.agentbench.dbbench.backends import BackendError, TableSpec, make_backend
-from envs.agentbench.dbbench.env import AgentBenchDBEnv
-from envs.agentbench.dbbench.scoring import (
+from astraflow.envs.agentbench.data import load_dbbench
+from astraflow.envs.agentbench.dbbench.backends import BackendError, TableSpec, make_backend
+from astraflow.envs.agentbench.dbbench.env import AgentBenchDBEnv
+from astraflow.envs.agentbench.dbbench.scoring import (
     hash_answer,
     parse_reply,
     select_correct,
     table_hash,
 )
-from envs.registry import make_env
+from astraflow.envs.registry import make_env
+
+from astraflow.rollout.evaluation.agentbench import EvalConfig, evaluate, oracle_agent
 
 TABLE = {
     "id": "t-1",

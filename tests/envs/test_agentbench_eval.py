@@ -9,10 +9,9 @@ import sys
 
 import pytest
 from agentbench_helpers import need_data
+from astraflow.cli.eval import resolve_policy
+from astraflow.cli.main import app
 from typer.testing import CliRunner
-
-from cli.eval import resolve_policy
-from cli.main import app
 
 
 @pytest.mark.slow  # trains and evaluates end to end
@@ -24,7 +23,7 @@ def test_tiny_policy_end_to_end(tmp_path):
         resolve_model("builtin:tiny-arith")
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    from envs.agentbench.os.sandbox import docker_available, overlay_problem
+    from astraflow.envs.agentbench.os.sandbox import docker_available, overlay_problem
 
     if not docker_available() and overlay_problem() is not None:
         pytest.skip(f"no OS sandbox for the os family: {overlay_problem()}")
@@ -33,7 +32,7 @@ def test_tiny_policy_end_to_end(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "cli.main",
+        "astraflow.cli.main",
         "eval",
         "agentbench",
         "--policy",

@@ -12,13 +12,13 @@ import uuid
 
 import pytest
 from agentbench_helpers import need_data
+from astraflow.envs.agentbench.data import load_os
+from astraflow.envs.agentbench.os.env import AgentBenchOSEnv
+from astraflow.envs.agentbench.os.sandbox import SandboxError, select_sandbox
+from astraflow.envs.agentbench.os.scoring import parse_action, truncate_output
+from astraflow.envs.agentbench.status import TaskSkipped
 
 from astraflow.rollout.evaluation.agentbench import EvalConfig, evaluate, oracle_agent
-from envs.agentbench.data import load_os
-from envs.agentbench.os.env import AgentBenchOSEnv
-from envs.agentbench.os.sandbox import SandboxError, select_sandbox
-from envs.agentbench.os.scoring import parse_action, truncate_output
-from envs.agentbench.status import TaskSkipped
 
 #: dev-001-dev-00008 asks for `du -sh /home`; AgentBench's size-match.py runs int() on "4.0K"-style
 #: output and exits 1 for every answer whenever the size is under 10K (as on a fresh system), so
@@ -73,7 +73,7 @@ def test_standard_split_layout_from_a_data_folder(tmp_path):
     """--data DIR reads an AgentBench checkout's data/ folder: data/1..7/*.json + scripts/N/."""
     import json
 
-    from envs.agentbench.data import DataError, load_dbbench
+    from astraflow.envs.agentbench.data import DataError, load_dbbench
 
     (tmp_path / "os_interaction" / "data" / "2").mkdir(parents=True)
     (tmp_path / "os_interaction" / "scripts" / "2" / "check").mkdir(parents=True)
@@ -267,8 +267,8 @@ def test_oracle_passes_every_dev_sample_it_can():
 
 @pytest.mark.docker
 def test_docker_sandbox_oracle_on_dev_samples():
-    from envs.agentbench.data import dockerfiles_dir
-    from envs.agentbench.os.sandbox import docker_available
+    from astraflow.envs.agentbench.data import dockerfiles_dir
+    from astraflow.envs.agentbench.os.sandbox import docker_available
 
     if not docker_available():
         pytest.skip("no Docker engine answers")

@@ -27,7 +27,7 @@ CPU = ["agentbench_db.toml", "agentbench_os.toml", "agentbench_alfworld.toml"]
 def need_env_backend(recipe) -> None:
     """Skip when the recipe's env cannot run here (no OS sandbox, no alfworld extra)."""
     if recipe.tasks.env.endswith("OS-v0"):
-        from envs.agentbench.os.sandbox import SandboxError, select_sandbox
+        from astraflow.envs.agentbench.os.sandbox import SandboxError, select_sandbox
 
         try:
             select_sandbox("auto")
@@ -42,7 +42,7 @@ def need_env_backend(recipe) -> None:
 def test_recipe_validates_and_its_task_set_loads(name, monkeypatch):
     data = need_data()
     monkeypatch.setenv("ASTRAFLOW_AGENTBENCH_DATA", str(data))
-    from tasks.catalog import load_task_set
+    from astraflow.tasks.catalog import load_task_set
 
     recipe = load_recipe(RECIPES / name)
     if recipe.tasks.env.endswith("ALFWorld-v0"):
@@ -65,6 +65,9 @@ def test_recipe_validates_and_its_task_set_loads(name, monkeypatch):
 def test_cpu_recipe_rollout_group_with_tiny_policy(name, monkeypatch):
     data = need_data()
     monkeypatch.setenv("ASTRAFLOW_AGENTBENCH_DATA", str(data))
+    from astraflow.envs.registry import make_env
+    from astraflow.tasks.catalog import load_task_set
+
     from astraflow.models import resolve_model
     from astraflow.protocol import Task
     from astraflow.rollout.engines.base import SamplingParams
@@ -72,8 +75,6 @@ def test_cpu_recipe_rollout_group_with_tiny_policy(name, monkeypatch):
     from astraflow.rollout.env_runner import EnvRunner
     from astraflow.rollout.workflows import RolePolicy
     from astraflow.rollout.workflows.single_agent import single_agent
-    from envs.registry import make_env
-    from tasks.catalog import load_task_set
 
     recipe = load_recipe(RECIPES / name)
     need_env_backend(recipe)
@@ -132,7 +133,7 @@ def test_cpu_recipe_trains_end_to_end(name, tmp_path):
     recipe = load_recipe(RECIPES / name)
     need_env_backend(recipe)
     env = {**os.environ, "ASTRAFLOW_AGENTBENCH_DATA": str(data)}
-    cmd = [sys.executable, "-m", "cli.main", "train", str(RECIPES / name), "--no-live",
+    cmd = [sys.executable, "-m", "astraflow.cli.main", "train", str(RECIPES / name), "--no-live",
            "--timeout", "400", "--set", f"run.output_dir={tmp_path}"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=500, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -144,6 +145,6 @@ def test_cpu_recipe_trains_end_to_end(name, tmp_path):
     ]
     assert [s["step"] for s in steps] == [1, 2, 3]
     assert all(s["samples"] > 0 for s in steps)
-    from cli.eval import resolve_policy
+    from astraflow.cli.eval import resolve_policy
 
     assert Path(resolve_policy(str(run_dir))).name.startswith("checkpoint-")

@@ -9,6 +9,10 @@ import threading
 
 import pytest
 from agentbench_helpers import need_data
+from astraflow.envs import default_registry
+from astraflow.envs.agentbench.dbbench.env import AgentBenchDBEnv
+from astraflow.envs.agentbench.oracle import OracleEpisode
+from astraflow.envs.agentbench.status import TaskSkipped
 
 from astraflow.protocol import Task
 from astraflow.rollout.engines.byte_tokenizer import ByteTokenizer
@@ -23,10 +27,6 @@ from astraflow.rollout.evaluation.agents import ScriptedAgent
 from astraflow.rollout.evaluation.episodes import generated_texts, run_tasks
 from astraflow.rollout.workflows import WorkflowSpec, default_workflows
 from astraflow.rollout.workflows.single_agent import single_agent
-from envs import default_registry
-from envs.agentbench.dbbench.env import AgentBenchDBEnv
-from envs.agentbench.oracle import OracleEpisode
-from envs.agentbench.status import TaskSkipped
 
 
 def _spy_registry(calls: list):
@@ -102,7 +102,7 @@ def test_context_overflow_is_agentbench_context_limit():
 
 
 def test_a_sample_the_sandbox_cannot_run_is_skipped_through_the_runner():
-    from envs.agentbench.os.sandbox import SandboxError, select_sandbox
+    from astraflow.envs.agentbench.os.sandbox import SandboxError, select_sandbox
 
     try:
         sandbox = select_sandbox("auto")
@@ -175,7 +175,7 @@ def _context_runs_out_after_first_reply(payload: dict):
 
 def test_a_modification_is_judged_by_its_table_when_the_context_runs_out():
     """AgentBench hashes the table however a modification sample ends, context limit included."""
-    from envs.agentbench.data import load_dbbench
+    from astraflow.envs.agentbench.data import load_dbbench
 
     data = need_data()
     payloads = load_dbbench(data, "dev")

@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from cli.envs import check_one
-from envs.registry import default_registry
+from astraflow.cli.envs import check_one
+from astraflow.envs.registry import default_registry
 
 SPECS = default_registry().specs()
 
@@ -39,7 +38,7 @@ _KWARGS = {
 )
 def test_check_env_and_random_episodes(env_id):
     if env_id == "astraflow/AgentBench-OS-v0":
-        from envs.agentbench.os.sandbox import docker_available, overlay_problem
+        from astraflow.envs.agentbench.os.sandbox import docker_available, overlay_problem
 
         if not docker_available() and overlay_problem() is not None:
             pytest.skip(f"no OS sandbox here: {overlay_problem()}")
@@ -58,7 +57,7 @@ class _Contract:
 
     @staticmethod
     def make(breach: str):
-        from envs.base import TextEnv
+        from astraflow.envs.base import TextEnv
 
         class Broken(TextEnv):
             def __init__(self, max_turns: int = 5, render_mode=None):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
+from astraflow.cli.main import app
 from typer.testing import CliRunner
-
-from cli.main import app
 
 runner = CliRunner()
 

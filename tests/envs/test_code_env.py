@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from astraflow.envs.base import TaskError
+from astraflow.envs.code.env import SAMPLE_TASKS, CodeEnv, CodeMultiTurnEnv
+from astraflow.envs.code.extract import assemble, extract_code
+from astraflow.envs.code.harness import plan_tests
+from astraflow.envs.registry import default_registry
 from gymnasium.utils.env_checker import check_env
-
-from envs.base import TaskError
-from envs.code.env import SAMPLE_TASKS, CodeEnv, CodeMultiTurnEnv
-from envs.code.extract import assemble, extract_code
-from envs.code.harness import plan_tests
-from envs.registry import default_registry
 
 TASK = {
     "id": "t/fizz",
@@ -168,7 +167,7 @@ def test_multi_turn_truncates_with_last_pass_fraction():
 
 
 def test_unfenced_replies_short_prompt_and_capped_feedback():
-    from tasks.code import generated
+    from astraflow.tasks.code import generated
 
     task = generated("train", seed=0, n=1)[0]
     env = CodeMultiTurnEnv(max_turns=2, fence="optional", instruction="{prompt}", feedback_chars=40)

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import gymnasium as gym
 import pytest
+from astraflow.envs.ecosystems import family_spec
+from astraflow.envs.registry import UnknownEnvError, default_registry
+from astraflow.tasks.catalog import load_task_set
 from gymnasium import spaces
-
-from envs.ecosystems import family_spec
-from envs.registry import UnknownEnvError, default_registry
-from tasks.catalog import load_task_set
 
 ROWS = [
     {
@@ -69,7 +68,7 @@ def test_skyrl_env_by_registered_id_keeps_chat_observations_and_turn_rewards(tmp
 
 def test_skyrl_row_for_another_env_class_is_refused(tmp_path):
     pytest.importorskip("skyrl_gym")
-    from envs.base import TaskError
+    from astraflow.envs.base import TaskError
 
     env = default_registry().make("skyrl:gsm8k")
     with pytest.raises(TaskError, match="skyrl:gsm8k_multi_turn"):
@@ -142,7 +141,7 @@ def test_family_ids_resolve_by_prefix_only():
 
 
 def test_missing_package_names_the_extra(monkeypatch):
-    from envs import ecosystems
+    from astraflow.envs import ecosystems
 
     family = ecosystems.FAMILIES["textarena"]
     monkeypatch.setitem(
@@ -160,7 +159,7 @@ def test_missing_package_names_the_extra(monkeypatch):
 )
 def test_envs_check_passes_on_family_ids(env_id, package):
     pytest.importorskip(package)
-    from cli.envs import check_one
+    from astraflow.cli.envs import check_one
 
     row = check_one(env_id, {"max_turns": 3}, episodes=2, seed=0, max_action_chars=40)
     assert row["ok"], row.get("traceback")

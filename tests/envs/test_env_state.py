@@ -8,12 +8,12 @@ import asyncio
 import json
 
 import pytest
+from astraflow.envs.code.env import SAMPLE_TASKS, CodeMultiTurnEnv
+from astraflow.envs.math.env import MathMultiTurnEnv
+from astraflow.envs.registry import default_registry
+from astraflow.envs.wrappers.latency import LatencyWrapper
 
 from astraflow.rollout.env_runner import EnvRunner
-from envs.code.env import SAMPLE_TASKS, CodeMultiTurnEnv
-from envs.math.env import MathMultiTurnEnv
-from envs.registry import default_registry
-from envs.wrappers.latency import LatencyWrapper
 
 TASK = {"id": "t1", "question": "2+3", "answer": "5"}
 
@@ -96,9 +96,10 @@ def test_tool_envs_resume_with_their_call_counts():
     calls, searches), so a resumed episode reports the counts of the whole episode."""
     from pathlib import Path
 
+    from astraflow.envs.search.tools_env import SearchToolsEnv
+    from astraflow.envs.tools.env import ToolEnv
+
     from astraflow.tools.calls import ToolCall
-    from envs.search.tools_env import SearchToolsEnv
-    from envs.tools.env import ToolEnv
 
     calc = Path(__file__).resolve().parents[1] / "tools" / "calc_tools.py"
     env = ToolEnv(tools=[f"{calc}:calculator"], max_turns=3)

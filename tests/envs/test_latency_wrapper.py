@@ -10,18 +10,18 @@ import time
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
-
-from astraflow.recipe import load_recipe
-from astraflow.recipe.schema import EnvLatencyConfig
-from envs import make_env
-from envs.wrappers.latency import (
+from astraflow.envs import make_env
+from astraflow.envs.wrappers.latency import (
     LatencyDistribution,
     LatencyEnvFactory,
     LatencySampler,
     LatencyWrapper,
     straggler_bound,
 )
+from pydantic import ValidationError
+
+from astraflow.recipe import load_recipe
+from astraflow.recipe.schema import EnvLatencyConfig
 
 TASK = {"question": "2+3", "answer": "5"}
 
@@ -264,7 +264,9 @@ def test_tool_calls_delays_only_the_steps_that_call_tools():
     from astraflow.tools.calls import ToolCall
 
     def make():
-        env = make_env("astraflow/Tools-v0", tools=["tasks.calculator:calculator"], max_turns=2)
+        env = make_env(
+            "astraflow/Tools-v0", tools=["astraflow.tasks.calculator:calculator"], max_turns=2
+        )
         return LatencyWrapper(env, "fixed", value_s=0.05, seed=0, on=("tool_calls",))
 
     call = [ToolCall("calculator", {"expression": "347*582"}, id="c1")]

@@ -7,10 +7,9 @@ import subprocess
 import sys
 
 import pytest
-
-from envs.base import TaskError
-from envs.math.answer import answers_match, extract_answer, plain_number
-from envs.registry import default_registry
+from astraflow.envs.base import TaskError
+from astraflow.envs.math.answer import answers_match, extract_answer, plain_number
+from astraflow.envs.registry import default_registry
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +75,7 @@ def test_plain_numbers_are_graded_without_math_verify():
     """The fast path: integer/decimal answers never import math-verify (nor sympy)."""
     code = (
         "import sys\n"
-        "from envs.math.answer import answers_match\n"
+        "from astraflow.envs.math.answer import answers_match\n"
         "assert answers_match('36', '36') and answers_match('-2.50', '-2.5')\n"
         "assert not answers_match('1,234', '1235')\n"
         "print('math_verify' in sys.modules, 'sympy' in sys.modules)\n"
@@ -187,7 +186,7 @@ def test_symbolic_grading_is_bounded_in_a_worker_thread(monkeypatch):
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from envs.math import answer
+    from astraflow.envs.math import answer
 
     monkeypatch.setattr(answer, "SYMBOLIC_TIMEOUT_S", 0.3)
 
@@ -214,7 +213,7 @@ def test_watchdog_fires_again_when_its_first_delivery_is_swallowed():
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from envs.math import answer
+    from astraflow.envs.math import answer
 
     class Cut(BaseException):
         pass

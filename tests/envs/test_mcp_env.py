@@ -11,10 +11,11 @@ import pytest
 
 pytest.importorskip("mcp", reason="the mcp SDK is in the test extra")
 
+from astraflow.envs import default_registry  # noqa: E402
+from astraflow.envs.tools.mcp_env import MCPError  # noqa: E402
+
 from astraflow.rollout.env_runner import EnvRunner  # noqa: E402
 from astraflow.tools.calls import ToolCall  # noqa: E402
-from envs import default_registry  # noqa: E402
-from envs.tools.mcp_env import MCPError  # noqa: E402
 
 SERVER = Path(__file__).resolve().parents[1] / "tools" / "mcp_calc_server.py"
 TASK = {"question": "What is 3*4?", "answer": "12"}

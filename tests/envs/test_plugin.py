@@ -41,7 +41,7 @@ def _run(args: list[str], site: Path) -> subprocess.CompletedProcess:
 
 
 def test_cli_lists_plugin_env_with_its_package(plugin_path):
-    cli = [sys.executable, "-c", "from cli.main import main; main()"]
+    cli = [sys.executable, "-c", "from astraflow.cli.main import main; main()"]
     out = _run([*cli, "envs", "list", "--json"], plugin_path)
     assert out.returncode == 0, out.stderr
     rows = {r["id"]: r for r in json.loads(out.stdout)}
@@ -58,7 +58,7 @@ def test_cli_lists_plugin_env_with_its_package(plugin_path):
 def test_gymnasium_make_finds_plugin(plugin_path):
     code = (
         "import gymnasium as gym\n"
-        "env = gym.make('envs.autoregister:acme/Echo-v0')\n"
+        "env = gym.make('astraflow.envs.autoregister:acme/Echo-v0')\n"
         "obs, _ = env.reset(seed=0, options={'task': {'word': 'delta'}})\n"
         "_, r, term, trunc, info = env.step('delta')\n"
         "print(obs, r, term, info['success'])\n"
@@ -70,7 +70,7 @@ def test_gymnasium_make_finds_plugin(plugin_path):
 
 def test_without_plugin_the_id_is_unknown_with_suggestion():
     out = subprocess.run(
-        [sys.executable, "-c", "from cli.main import main; main()", "envs", "show", "astraflow/Math-v1"],
+        [sys.executable, "-c", "from astraflow.cli.main import main; main()", "envs", "show", "astraflow/Math-v1"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 1

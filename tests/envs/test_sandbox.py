@@ -5,10 +5,9 @@ from __future__ import annotations
 import logging
 
 import pytest
+from astraflow.envs.sandbox import ENV_VAR, Limits, SandboxError, make_backend, select_backend
+from astraflow.envs.sandbox.base import prepare_files
 from sandbox_helpers import backend_or_skip
-
-from envs.sandbox import ENV_VAR, Limits, SandboxError, make_backend, select_backend
-from envs.sandbox.base import prepare_files
 
 BACKENDS = ["docker", "bwrap", "process"]
 
@@ -109,9 +108,8 @@ def test_explicit_docker_without_engine_is_a_clear_error(monkeypatch):
 
 
 def test_cli_lists_backends():
+    from astraflow.cli.sandbox import app
     from typer.testing import CliRunner
-
-    from cli.sandbox import app
 
     result = CliRunner().invoke(app, ["list"])
     assert result.exit_code == 0, result.output
@@ -194,7 +192,7 @@ def test_docker_close_while_the_container_is_created_leaves_nothing():
     import threading
     import time
 
-    from envs.sandbox.docker import LABEL
+    from astraflow.envs.sandbox.docker import LABEL
 
     box = backend_or_skip("docker")
     client = box.client

@@ -15,9 +15,8 @@ import time
 
 import psutil
 import pytest
+from astraflow.envs.sandbox import Limits, make_backend
 from sandbox_helpers import backend_or_skip
-
-from envs.sandbox import Limits, make_backend
 
 #: "-rlimits": the local backends without the pids cgroup, as on hosts that do not allow one.
 BACKENDS = ["docker", "bwrap", "process", "bwrap-rlimits", "process-rlimits"]
@@ -26,13 +25,13 @@ NOT_ISOLATED = "the process backend is documented as NOT isolation (shares netwo
 
 def _make(name: str):
     if name == "bwrap-rlimits":
-        from envs.sandbox.bwrap import BwrapSandbox
+        from astraflow.envs.sandbox.bwrap import BwrapSandbox
 
         backend = BwrapSandbox(use_cgroup=False)
         backend.probe()
         return backend
     if name == "process-rlimits":
-        from envs.sandbox.process import ProcessSandbox
+        from astraflow.envs.sandbox.process import ProcessSandbox
 
         return ProcessSandbox(use_cgroup=False)
     return make_backend(name)
@@ -74,7 +73,7 @@ def assert_nothing_left(box, token: str, started: float) -> None:
         time.sleep(0.1)
     assert not left, f"processes left running after the run: {left}"
     if box.name == "docker":
-        from envs.sandbox.docker import LABEL
+        from astraflow.envs.sandbox.docker import LABEL
 
         containers = box.client.containers.list(all=True, filters={"label": LABEL})
         assert not containers, f"containers left behind: {[c.short_id for c in containers]}"
@@ -384,7 +383,7 @@ os._exit(0)
 
 def forge_score(box, solution: str) -> float:
     """The pass fraction the code env's harness gives ``solution`` on this backend."""
-    from envs.code.harness import build_program, parse_report, plan_tests
+    from astraflow.envs.code.harness import build_program, parse_report, plan_tests
 
     plan = plan_tests(FORGE_TASK["tests"])
     program, nonce = build_program(

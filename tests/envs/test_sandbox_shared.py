@@ -7,11 +7,10 @@ import shlex
 import subprocess
 
 import pytest
-
-from envs.agentbench.os import sandbox as os_sandbox
-from envs.sandbox import Limits, SandboxError
-from envs.sandbox.base import prepare_run
-from envs.sandbox.bwrap import ROOT_LINKS, top_level_binds
+from astraflow.envs.agentbench.os import sandbox as os_sandbox
+from astraflow.envs.sandbox import Limits, SandboxError
+from astraflow.envs.sandbox.base import prepare_run
+from astraflow.envs.sandbox.bwrap import ROOT_LINKS, top_level_binds
 
 
 def test_one_error_type_for_both_envs():

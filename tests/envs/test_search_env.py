@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from envs.base import TaskError
-from envs.registry import default_registry
-from envs.search.corpus import CorpusError, Passage, load_corpus_jsonl, load_qa_file
-from envs.search.index import SearchIndex
-from envs.search.scoring import best_scores, exact_match, f1_score, normalize_answer
-from envs.search.stdlib_corpus import (
+from astraflow.envs.base import TaskError
+from astraflow.envs.registry import default_registry
+from astraflow.envs.search.corpus import CorpusError, Passage, load_corpus_jsonl, load_qa_file
+from astraflow.envs.search.index import SearchIndex
+from astraflow.envs.search.scoring import best_scores, exact_match, f1_score, normalize_answer
+from astraflow.envs.search.stdlib_corpus import (
     collect_passages,
     ensure_stdlib_set,
     make_questions,

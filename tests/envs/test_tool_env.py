@@ -7,11 +7,11 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from astraflow.envs import default_registry
 
 from astraflow.rollout.env_runner import EnvCallTimeout, EnvRunner
 from astraflow.tools.calls import ParsedTurn, ToolCall
 from astraflow.tools.schema import ToolDefinitionError
-from envs import default_registry
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools" / "calc_tools.py"
 CALC, LOOKUP, EXACT = f"{TOOLS}:calculator", f"{TOOLS}:lookup", f"{TOOLS}:exact"

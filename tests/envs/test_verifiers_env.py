@@ -46,13 +46,13 @@ def vf_site(tmp_path_factory):
 
 
 def _make(env_id: str, **kwargs):
-    from envs.registry import default_registry
+    from astraflow.envs.registry import default_registry
 
     return default_registry().make(env_id, **kwargs)
 
 
 def _rows(name: str, split: str = "train", **kwargs):
-    from tasks.catalog import load_task_set
+    from astraflow.tasks.catalog import load_task_set
 
     return load_task_set("verifiers", split, env=name, **kwargs)
 
@@ -138,7 +138,7 @@ def test_our_turn_limit_truncates_and_close_ends_the_rollout(vf_site):
 
 
 def test_envs_check_passes_on_each_kind(vf_site):
-    from cli.envs import check_one
+    from astraflow.cli.envs import check_one
 
     for name in MODULES:
         row = check_one(f"verifiers:{name}", {"max_turns": 3}, 2, 0, 40)
@@ -148,7 +148,7 @@ def test_envs_check_passes_on_each_kind(vf_site):
 def test_loading_keeps_the_services_signal_handlers(vf_site):
     """verifiers' Environment installs SIGINT/SIGTERM handlers when built; a node builds envs in
     pool threads (where that raises) and owns Ctrl-C, so the adapter keeps them out."""
-    from envs.ecosystems.verifiers_env import load
+    from astraflow.envs.ecosystems.verifiers_env import load
 
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     errors: list[BaseException] = []
@@ -167,7 +167,7 @@ def test_loading_keeps_the_services_signal_handlers(vf_site):
 
 
 def test_missing_environment_names_what_to_install(vf_site):
-    from envs.ecosystems.verifiers_env import VerifiersError
+    from astraflow.envs.ecosystems.verifiers_env import VerifiersError
 
     with pytest.raises(VerifiersError, match="vf_not_installed.*must be installed"):
         _make("verifiers:vf_not_installed")
@@ -180,7 +180,7 @@ def test_eval_run_on_a_verifiers_environment(vf_site, tmp_path):
     import os
 
     out = tmp_path / "eval.json"
-    argv = [sys.executable, "-m", "cli.main", "eval", "run", "--policy", "builtin:tiny-arith",
+    argv = [sys.executable, "-m", "astraflow.cli.main", "eval", "run", "--policy", "builtin:tiny-arith",
             "--env", "verifiers:vf_tiny_arith", "--tasks", "verifiers:test",
             "--kwarg", "env=vf_tiny_arith", "--limit", "8", "--max-tokens", "8",
             "--device", "cpu", "--out", str(out)]  # fmt: skip

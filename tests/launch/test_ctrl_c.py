@@ -23,7 +23,7 @@ def test_ctrl_c_stops_in_order_without_sigkill(tmp_path, still_running):
             "rollout.concurrency=16", "evaluation.every_steps=0", "logging.report=false",
             f"run.output_dir={json.dumps(str(tmp_path))}"]  # fmt: skip
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "train", "recipes/quickstart.toml", "--no-live",
+        [sys.executable, "-m", "astraflow.cli.main", "train", "recipes/quickstart.toml", "--no-live",
          *[a for s in sets for a in ("--set", s)]],
         cwd=ROOT, env={**os.environ, "COLUMNS": "200"},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -68,7 +68,7 @@ every_steps = 0
 def train(path: Path) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", "train", str(path), "--no-live", "--timeout", "400"],
+        [sys.executable, "-m", "astraflow.cli.main", "train", str(path), "--no-live", "--timeout", "400"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip

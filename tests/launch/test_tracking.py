@@ -138,7 +138,7 @@ def test_train_writes_tensorboard_scalars(tmp_path):
         'logging.backends=["tensorboard"]', f"run.output_dir={json.dumps(str(tmp_path))}",
     ]  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", "train", "recipes/quickstart.toml", "--no-live",
+        [sys.executable, "-m", "astraflow.cli.main", "train", "recipes/quickstart.toml", "--no-live",
          *[a for s in sets for a in ("--set", s)]],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "COLUMNS": "200"},

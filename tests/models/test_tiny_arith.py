@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from astraflow.tasks import arith
 
 from astraflow.models import (
     BUILTIN_MODELS,
@@ -16,7 +17,6 @@ from astraflow.models import (
     resolve_model,
     tiny_arith,
 )
-from tasks import arith
 
 CKPT = "builtin:tiny-arith"
 
@@ -134,9 +134,8 @@ def _digests(path: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_build_command_is_deterministic(tmp_path):
+    from astraflow.cli.main import app
     from typer.testing import CliRunner
-
-    from cli.main import app
 
     runner = CliRunner()
     for name in ("a", "b"):
@@ -152,9 +151,8 @@ def test_build_command_is_deterministic(tmp_path):
 
 
 def test_models_cli_list_and_bad_name():
+    from astraflow.cli.main import app
     from typer.testing import CliRunner
-
-    from cli.main import app
 
     runner = CliRunner()
     listed = runner.invoke(app, ["models", "list"])

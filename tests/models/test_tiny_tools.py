@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from astraflow.tasks import calculator
 
 from astraflow.models import BUILTIN_MODELS, load_model, load_tokenizer, resolve_model, tiny_tools
 from astraflow.tools.parsers import get_tool_parser
-from tasks import calculator
 
 CKPT = "builtin:tiny-tools"
 
@@ -109,7 +109,7 @@ def test_episodes_through_tool_agent_and_tool_env(model, tokenizer):
     config = TaskSetEval(
         env="astraflow/Tools-v0", task_set="calculator", limit=24, samples=2, max_turns=2,
         workflow="tool_agent", concurrency=48,
-        env_kwargs={"tools": ["tasks.calculator:calculator"]},
+        env_kwargs={"tools": ["astraflow.tasks.calculator:calculator"]},
     )  # fmt: skip
 
     async def run():
@@ -163,9 +163,8 @@ def test_build_is_deterministic(tmp_path):
         return hashlib.sha256((p / "model.safetensors").read_bytes()).hexdigest()
 
     assert digest(a.out_dir) == digest(b.out_dir)
+    from astraflow.cli.main import app
     from typer.testing import CliRunner
-
-    from cli.main import app
 
     args = ["models", "build", "tiny-tools", "--seed", "3", "--steps", "3", "--eval-size", "8"]
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "c")])
@@ -175,9 +174,8 @@ def test_build_is_deterministic(tmp_path):
 
 
 def test_recipe_check_passes():
+    from astraflow.cli.main import app
     from typer.testing import CliRunner
-
-    from cli.main import app
 
     result = CliRunner().invoke(app, ["recipe", "check", "recipes/tools_calculator.toml"])
     assert result.exit_code == 0, result.output
@@ -187,4 +185,4 @@ def test_recipe_check_passes():
     policy = recipe.policies["policy"]
     assert policy.model == CKPT and policy.tool_parser == "hermes"
     assert recipe.workflow.name == "tool_agent" and recipe.tasks.env == "astraflow/Tools-v0"
-    assert recipe.tasks.env_kwargs["tools"] == ["tasks.calculator:calculator"]
+    assert recipe.tasks.env_kwargs["tools"] == ["astraflow.tasks.calculator:calculator"]

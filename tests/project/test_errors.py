@@ -53,7 +53,7 @@ def test_every_project_exception_has_the_astraflow_root():
         ("astraflow.recipe.loader.RecipeError", ValueError),
         ("astraflow.registry.UnknownNameError", KeyError),
         ("astraflow.protocol.client.ServiceUnreachable", RuntimeError),
-        ("tasks.data.DataFileMissing", FileNotFoundError),
+        ("astraflow.tasks.data.DataFileMissing", FileNotFoundError),
         ("astraflow.trainer.source.SourceExhausted", Exception),
     ],
 )

@@ -289,7 +289,7 @@ _ABOVE_THE_DATAFLOW = (
 
 def test_the_dataflow_imports_nothing_from_the_components_above_it():
     """The task sets reach the dataflow as an injected task source (``cli/serve.py`` ->
-    ``dataflow/main.py`` -> the feeder); the feeder once imported ``tasks.catalog`` itself."""
+    ``dataflow/main.py`` -> the feeder); the feeder once imported ``astraflow.tasks.catalog`` itself."""
     bad = [
         f"{path.relative_to(REPO)}:{line} imports {name}"
         for path in sorted(DATAFLOW.rglob("*.py"))

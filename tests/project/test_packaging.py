@@ -1,7 +1,9 @@
 """One `astraflow` distribution: a built wheel holds every package, its data and the console script.
 
 The wheel is built from a copy of the tree (so concurrent builds never share a build/ folder) and
-then installed, non-editable, into a fresh virtualenv to prove `pip install .` works.
+then installed, non-editable, into a folder of its own to prove `pip install .` works and puts one
+top-level package, ``astraflow``, into site-packages (``envs/``, ``tasks/`` and ``cli/`` install as
+``astraflow.envs``, ``astraflow.tasks`` and ``astraflow.cli``).
 """
 
 from __future__ import annotations
@@ -10,23 +12,40 @@ import os
 import shutil
 import subprocess
 import sys
-import venv
 import zipfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("astraflow", "envs", "tasks", "cli")
-TOP_LEVEL = {"astraflow", "envs", "tasks", "recipes", "cli", "tests", "pyproject.toml", "README.md"}
+#: repository folder -> the import name it installs as (setup.py's mapping)
+PACKAGES = {
+    "astraflow": "astraflow",
+    "envs": "astraflow/envs",
+    "tasks": "astraflow/tasks",
+    "cli": "astraflow/cli",
+}
+TOP_LEVEL = {
+    "astraflow",
+    "envs",
+    "tasks",
+    "recipes",
+    "cli",
+    "tests",
+    "bench",
+    "pyproject.toml",
+    "setup.py",
+    "README.md",
+}
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "dist")
 
 
 def expected_packages() -> set[str]:
+    """Every package folder of the repository, as the path it takes inside the wheel."""
     return {
-        str(init.parent.relative_to(REPO))
-        for package in PACKAGES
-        for init in (REPO / package).rglob("__init__.py")
+        str(Path(installed) / init.parent.relative_to(REPO / folder))
+        for folder, installed in PACKAGES.items()
+        for init in (REPO / folder).rglob("__init__.py")
         if "__pycache__" not in init.parts
     }
 
@@ -47,7 +66,7 @@ def wheel(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("wheel")
     src = work / "src"
     src.mkdir()
-    for name in (*PACKAGES, "pyproject.toml", "README.md", "LICENSE"):
+    for name in (*PACKAGES, "pyproject.toml", "setup.py", "README.md", "LICENSE"):
         path = REPO / name
         if path.is_dir():
             shutil.copytree(path, src / name, ignore=IGNORE)
@@ -98,13 +117,15 @@ def test_wheel_contains_every_package_and_its_data(wheel: Path):
     packages = {str(Path(n).parent) for n in names if n.endswith("/__init__.py")}
     missing = expected_packages() - packages
     assert not missing, f"packages missing from the wheel: {sorted(missing)}"
+    top_level = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top_level == {"astraflow"}, f"top-level names besides astraflow: {sorted(top_level)}"
     probe = {
         f"astraflow/models/builtin/probe-model/{f}" for f in ("config.json", "model.safetensors")
     }
     data_missing = (expected_package_data() | probe) - names
     assert not data_missing, f"package data missing from the wheel: {sorted(data_missing)}"
     assert not any(n.startswith(("recipes/", "tests/")) for n in names)
-    assert "astraflow = cli.main:main" in entry_points
+    assert "astraflow = astraflow.cli.main:main" in entry_points
     assert "[astraflow.envs]" in entry_points
     assert "Requires-Dist: torch==2.13.0" in metadata
     # imported by the package, so declared (not just pulled in by trl/transformers)
@@ -115,20 +136,20 @@ def test_wheel_contains_every_package_and_its_data(wheel: Path):
 
 
 def test_non_editable_install_runs_from_site_packages(wheel: Path, tmp_path: Path):
-    """Install the wheel (no deps; they come from the system) and run the console script."""
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
-    python = env_dir / "bin" / "python"
+    """Install the wheel (no deps: they are this interpreter's, venv or not) into a folder of its
+    own, then import from there and run the console script: the generic names ``envs``, ``tasks``
+    and ``cli`` are not importable, their modules are under ``astraflow``."""
+    target = tmp_path / "site"
     install = subprocess.run(
         [
             sys.executable,
             "-m",
             "pip",
-            "--python",
-            str(python),
             "install",
             "--no-deps",
             "-q",
+            "--target",
+            str(target),
             str(wheel),
         ],
         capture_output=True,
@@ -136,14 +157,15 @@ def test_non_editable_install_runs_from_site_packages(wheel: Path, tmp_path: Pat
         timeout=300,
     )
     assert install.returncode == 0, install.stderr[-3000:]
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    env.pop("PYTHONPATH", None)
+    assert not {"envs", "tasks", "cli"} & {p.name for p in target.iterdir()}
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "PYTHONPATH": str(target)}
+    probe = (
+        "import importlib.util as u, astraflow.cli.main, astraflow.envs, astraflow.tasks, "
+        "astraflow.protocol as p; print(p.__file__); "
+        "print([n for n in ('envs', 'tasks', 'cli') if u.find_spec(n)])"
+    )
     where = subprocess.run(
-        [
-            str(python),
-            "-c",
-            "import cli.main, envs, tasks, astraflow.protocol as p; print(p.__file__)",
-        ],
+        [sys.executable, "-c", probe],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -151,9 +173,11 @@ def test_non_editable_install_runs_from_site_packages(wheel: Path, tmp_path: Pat
         timeout=120,
     )
     assert where.returncode == 0, where.stderr[-3000:]
-    assert str(env_dir) in where.stdout, where.stdout
+    module_file, generic = where.stdout.splitlines()
+    assert module_file.startswith(str(target)), where.stdout
+    assert generic == "[]", f"generic top-level packages importable: {generic}"
     script = subprocess.run(
-        [str(env_dir / "bin" / "astraflow"), "--help"],
+        [sys.executable, "-c", "from astraflow.cli.main import main; main()", "--help"],
         capture_output=True,
         text=True,
         cwd=tmp_path,

@@ -159,7 +159,7 @@ def test_launcher_gives_each_service_its_role_and_files(tmp_path):
 
 
 def test_cli_certs_and_token(tmp_path):
-    from cli.main import app
+    from astraflow.cli.main import app
 
     runner = CliRunner()
     out = runner.invoke(app, ["certs", "create", str(tmp_path / "c"), "--host", "10.9.8.7"])
@@ -182,7 +182,7 @@ def test_cli_certs_and_token(tmp_path):
 
 def _cli(*args: str, env: dict | None = None, timeout: float = 120):
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
+        [sys.executable, "-m", "astraflow.cli.main", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -207,7 +207,7 @@ def test_serve_names_bad_tls_input(tmp_path, certs, https_service):
     # a node without the run's CA stops at once, saying what to give
     env = {k: v for k, v in os.environ.items() if k != CA_ENV}
     proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", "serve", "rollout", "--join", https_service.url],
+        [sys.executable, "-m", "astraflow.cli.main", "serve", "rollout", "--join", https_service.url],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
         env={**env, "COLUMNS": "200", "ASTRAFLOW_TOKEN": derive_token(TOKEN, NODE)},
     )  # fmt: skip

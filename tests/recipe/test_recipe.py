@@ -6,11 +6,11 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from astraflow.cli.main import app
 from typer.testing import CliRunner
 
 from astraflow.recipe import Recipe, RecipeError, load_recipe, recipe_from_dict, recipe_to_toml
 from astraflow.recipe.loader import parse_override
-from cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "recipes" / "quickstart.toml"
@@ -298,8 +298,9 @@ def test_multi_policy_agentic_recipe():
     typo there would otherwise fail every episode on the node)."""
     import inspect
 
+    from astraflow.envs.wrappers.latency import LatencyDistribution
+
     from astraflow.rollout.workflows import default_workflows
-    from envs.wrappers.latency import LatencyDistribution
 
     recipe = load_recipe(REPO / "recipes" / "multi_policy_agentic.toml")
     assert recipe.trainable_policies() == ["solver", "verifier"]

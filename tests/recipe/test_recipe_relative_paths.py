@@ -7,8 +7,9 @@ import json
 import os
 from pathlib import Path
 
+from astraflow.tasks.check import check_sets
+
 from astraflow.recipe import load_recipe, recipe_to_toml
-from tasks.check import check_sets
 
 
 def test_inputs_resolve_against_the_recipe_folder(tmp_path, monkeypatch):

@@ -1,7 +1,7 @@
 """Envs for the env-runner tests: a sync env whose step sleeps, one whose step hangs until it is
 closed, and one that speaks the async protocol (``areset``/``astep``/``aclose``).
 
-They are real Gymnasium envs registered in an :class:`envs.registry.EnvRegistry` under ``test/*``
+They are real Gymnasium envs registered in an :class:`astraflow.envs.registry.EnvRegistry` under ``test/*``
 ids (see :func:`registry`), built by the node through the same registry path as built-in envs.
 """
 
@@ -13,9 +13,8 @@ import time
 from typing import Any
 
 import gymnasium as gym
-
-from envs.base import text_space
-from envs.registry import EnvRegistry, EnvSpec
+from astraflow.envs.base import text_space
+from astraflow.envs.registry import EnvRegistry, EnvSpec
 
 SLEEPY = "test/Sleepy-v0"
 HANG_ONCE = "test/HangOnce-v0"

@@ -168,7 +168,7 @@ class Dataflow:
         self.store = workdir / "dataflow.db"
         port_file = workdir / "port"
         self.proc = Proc(
-            [sys.executable, "-m", "cli.main", "serve", "dataflow", "--recipe", str(self.recipe),
+            [sys.executable, "-m", "astraflow.cli.main", "serve", "dataflow", "--recipe", str(self.recipe),
              "--store", str(self.store), "--port-file", str(port_file), "--port", "0",
              "--token", TOKEN],
             workdir / "dataflow.log",
@@ -208,7 +208,7 @@ def start_node(
     workdir: Path, url: str, name: str, *extra: str, runner: list[str] | None = None
 ) -> Proc:
     """``astraflow serve rollout --join URL --token T`` (no --recipe: it comes from the service)."""
-    cmd = runner or [sys.executable, "-m", "cli.main", "serve", "rollout"]
+    cmd = runner or [sys.executable, "-m", "astraflow.cli.main", "serve", "rollout"]
     return Proc(
         [*cmd, "--join", url, "--token", TOKEN, "--name", name, *extra],
         workdir / f"node-{name}.log",

@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from astraflow.envs import default_registry
 
 from astraflow.protocol import Task
 from astraflow.rollout.engines import SamplingParams, make_engine
 from astraflow.rollout.env_runner import EnvRunner
 from astraflow.rollout.workflows import RolePolicy, default_workflows
 from astraflow.rollout.workflows.tokens import ChatRenderer, check_turn_messages
-from envs import default_registry
 
 ROW = {
     "id": "row-0",

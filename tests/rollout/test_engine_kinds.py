@@ -38,7 +38,7 @@ def test_no_other_module_writes_the_list_out():
 
 
 def test_the_cli_checks_engine_kinds_against_the_list():
-    from cli.main import app
+    from astraflow.cli.main import app
 
     out = CliRunner().invoke(app, ["serve", "policy", "builtin:tiny-arith", "--engine", "openai"])
     assert out.exit_code == 1

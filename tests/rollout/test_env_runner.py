@@ -279,7 +279,7 @@ def test_code_env_sandbox_process_is_killed_on_timeout():
     """A Code-v0 step whose program never ends: at the limit the env is closed from a fresh
     thread, the sandbox kills the running program (its PID is gone) and the step's thread is
     freed, long before the sandbox's own 30 s wall clock."""
-    from envs import default_registry
+    from astraflow.envs import default_registry
 
     reg = default_registry()
     runner = EnvRunner(lambda env_id, kw: reg.make(env_id, **kw), workers=1, timeout_s=1.0)

@@ -43,7 +43,7 @@ def _half_right_agent(payloads: dict[str, str]) -> ScriptedAgent:
 
 
 def test_scores_come_from_the_env_through_the_workflow():
-    from tasks.catalog import load_task_set
+    from astraflow.tasks.catalog import load_task_set
 
     payloads = load_task_set("arith", "test", limit=3)
     agent = _half_right_agent({p["id"]: p["answer"] for p in payloads})
@@ -73,7 +73,7 @@ def test_unknown_env_and_set_are_named():
 def test_cli_eval_run_on_the_builtin_policy(tmp_path):
     out = tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", "eval", "run", "--policy", "builtin:tiny-arith",
+        [sys.executable, "-m", "astraflow.cli.main", "eval", "run", "--policy", "builtin:tiny-arith",
          "--env", "astraflow/Math-v0", "--tasks", "arith:test", "--limit", "4", "--samples", "2",
          "--max-tokens", "12", "--device", "cpu", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from astraflow.envs.registry import default_registry
 
 from astraflow.protocol import Task
 from astraflow.protocol.arrays import generated_runs
@@ -14,7 +15,6 @@ from astraflow.rollout.engines.scripted import ScriptedEngine
 from astraflow.rollout.env_runner import EnvRunner
 from astraflow.rollout.workflows import WorkflowError, default_workflows
 from astraflow.rollout.workflows.base import RolePolicy
-from envs.registry import default_registry
 
 pytest.importorskip("textarena", reason="textarena is in the ecosystems and test extras")
 

@@ -230,7 +230,7 @@ def _free_port() -> int:
 
 def _serve_rollout(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", "serve", "rollout", *args],
+        [sys.executable, "-m", "astraflow.cli.main", "serve", "rollout", *args],
         cwd=REPO, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataflow"))
 
+from astraflow.envs import default_registry  # noqa: E402
 from dataflow_helpers import TOKEN, ThreadedService, make_recipe  # noqa: E402
 
 from astraflow.dataflow.storage import history  # noqa: E402
@@ -29,7 +30,6 @@ from astraflow.rollout.env_runner import EnvRunner  # noqa: E402
 from astraflow.rollout.node import NodeSettings, RolloutNode  # noqa: E402
 from astraflow.rollout.workflows import RolePolicy, default_workflows  # noqa: E402
 from astraflow.rollout.workflows.base import EpisodeSaver  # noqa: E402
-from envs import default_registry  # noqa: E402
 
 MAX_TURNS = 4
 

@@ -38,8 +38,9 @@ def task(question="12+30", answer="42", meta=EVAL) -> Task:
 
 def run_episodes(agent_ref: str, tasks: list[Task], roles=("agent",), **kwargs):
     """Run the workflow as a node does: one engine shared by every episode, a real env runner."""
+    from astraflow.envs import default_registry
+
     from astraflow.rollout.engines.transformers_engine import TransformersEngine
-    from envs import default_registry
 
     async def main():
         engine = TransformersEngine(resolve_model("builtin:tiny-arith"), device="cpu", version=7)

@@ -33,7 +33,7 @@ TASK = Task(
 
 
 def run(engine, agent: str, **kwargs):
-    from envs import default_registry
+    from astraflow.envs import default_registry
 
     async def main():
         registry = default_registry()

@@ -32,7 +32,14 @@ def test_an_openai_sdk_agent_trains_the_builtin_policy(tmp_path):
         "evaluation.num_tasks=16",
         f"run.output_dir={json.dumps(str(tmp_path))}",
     ]
-    argv = [sys.executable, "-m", "cli.main", "train", "recipes/quickstart.toml", "--no-live"]
+    argv = [
+        sys.executable,
+        "-m",
+        "astraflow.cli.main",
+        "train",
+        "recipes/quickstart.toml",
+        "--no-live",
+    ]
     for s in sets:
         argv += ["--set", s]
     proc = subprocess.run(

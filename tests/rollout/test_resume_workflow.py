@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from astraflow.envs import default_registry
 
 from astraflow.protocol import MSGPACK, PartialEpisode, Task, decode, encode
 from astraflow.rollout.engines import SamplingParams
@@ -16,7 +17,6 @@ from astraflow.rollout.engines.scripted import ScriptedEngine
 from astraflow.rollout.env_runner import EnvRunner
 from astraflow.rollout.workflows import RolePolicy, default_workflows
 from astraflow.rollout.workflows.base import EpisodeSaver
-from envs import default_registry
 
 TASK = Task(env="astraflow/MathMultiTurn-v0", payload={"question": "2+3", "answer": "5"})
 

@@ -39,7 +39,7 @@ def run_dir(tmp_path_factory):
 def server(run_dir, tmp_path_factory):
     port_file = tmp_path_factory.mktemp("srv") / "url"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "serve", "policy", str(run_dir), "--name", "tiny",
+        [sys.executable, "-m", "astraflow.cli.main", "serve", "policy", str(run_dir), "--name", "tiny",
          "--api-key", KEY, "--port", "0", "--port-file", str(port_file), "--device", "cpu"],
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -22,7 +22,7 @@ CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "123*456
 
 
 def run(engine, task_payload, **kwargs):
-    from envs import default_registry
+    from astraflow.envs import default_registry
 
     async def main():
         registry = default_registry()
@@ -143,8 +143,9 @@ def test_a_saved_tool_episode_resumes_on_another_engine_from_its_saved_turn():
 def test_an_mcp_env_does_not_save_its_state():
     """What an MCP server's tools did lives on the server: ``MCP-v0`` opts out of saving, so the
     node plays its episodes again rather than resuming them against a world it cannot restore."""
+    from astraflow.envs.tools.mcp_env import MCPEnv
+
     from astraflow.rollout.env_runner import _state_holder
-    from envs.tools.mcp_env import MCPEnv
 
     env = MCPEnv(server={"command": sys.executable, "args": ["-c", "pass"]})
     assert _state_holder(env) is None

@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from astraflow.envs import default_registry
+from astraflow.tasks.catalog import load_task_set
 
 from astraflow.protocol import Task
 from astraflow.rollout.engines import SamplingParams, make_engine
 from astraflow.rollout.env_runner import EnvRunner
 from astraflow.rollout.workflows import RolePolicy, WorkflowError, default_workflows
 from astraflow.rollout.workflows.tokens import ChatRenderer
-from envs import default_registry
-from tasks.catalog import load_task_set
 
 
 @pytest.fixture(scope="module")
@@ -144,8 +144,9 @@ def test_solve_verify_checks_the_verdict_with_a_tool(engine, registry):
     """``verifier_tool_env``: the verdict is one more env call through the node's env factory
     (so ``[tasks.env_latency]`` delays it, from a stream of its own), graded against the right
     verdict; its reward is the verifier's."""
+    from astraflow.envs.wrappers.latency import LatencyEnvFactory
+
     from astraflow.rollout.env_runner import EnvRunner
-    from envs.wrappers.latency import LatencyEnvFactory
 
     built = []
 

@@ -302,7 +302,15 @@ def test_a_hostile_node_cannot_stop_a_run(tmp_path):
     for s in [*SETS, f"run.output_dir={json.dumps(str(out))}"]:
         sets += ["--set", s]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "train", "recipes/quickstart.toml", "--no-live", *sets],
+        [
+            sys.executable,
+            "-m",
+            "astraflow.cli.main",
+            "train",
+            "recipes/quickstart.toml",
+            "--no-live",
+            *sets,
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

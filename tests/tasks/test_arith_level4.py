@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks import arith
+from astraflow.tasks import arith
 
 
 def test_level4_is_two_digit_products_disjoint_from_its_test_split():

@@ -8,12 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-
-from envs.registry import default_registry
-from tasks.base import UnknownTaskSetError
-from tasks.catalog import default_task_sets, load_task_set
-from tasks.data import DATA_DIR_ENV, DataFileMissing
-from tasks.math_sets import TaskFormatError, gsm8k_final_answer
+from astraflow.envs.registry import default_registry
+from astraflow.tasks.base import UnknownTaskSetError
+from astraflow.tasks.catalog import default_task_sets, load_task_set
+from astraflow.tasks.data import DATA_DIR_ENV, DataFileMissing
+from astraflow.tasks.math_sets import TaskFormatError, gsm8k_final_answer
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 needs_data = pytest.mark.skipif(
@@ -115,5 +114,5 @@ def test_sets_name_registered_envs():
         assert reg.info(name).default_env in env_ids or reg.info(name).default_env.startswith(
             "astraflow/Code"
         )
-    has_code = importlib.util.find_spec("tasks.code") is not None
+    has_code = importlib.util.find_spec("astraflow.tasks.code") is not None
     assert ("humaneval" in reg.names()) == has_code and ("mbpp" in reg.names()) == has_code

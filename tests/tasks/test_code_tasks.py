@@ -9,10 +9,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
-from envs.code.env import CodeEnv
-from envs.sandbox import SandboxError, make_backend
-from tasks.code import MBPP_SPLITS, humaneval, mbpp, normalize_body
+from astraflow.envs.code.env import CodeEnv
+from astraflow.envs.sandbox import SandboxError, make_backend
+from astraflow.tasks.code import MBPP_SPLITS, humaneval, mbpp, normalize_body
 
 FIELDS = {"id", "prompt", "entry_point", "tests", "canonical_solution"}
 REAL_BACKENDS = ["docker", "bwrap"]

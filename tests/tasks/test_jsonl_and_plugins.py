@@ -6,9 +6,8 @@ import json
 import sys
 
 import pytest
-
-from tasks.base import TaskSetInfo, TaskSetRegistry
-from tasks.catalog import add_plugins, builtin_task_sets, load_task_set
+from astraflow.tasks.base import TaskSetInfo, TaskSetRegistry
+from astraflow.tasks.catalog import add_plugins, builtin_task_sets, load_task_set
 
 
 def test_jsonl_rows_are_payloads_with_ids(tmp_path):
@@ -42,7 +41,7 @@ def _fake_entry_points(tmp_path, monkeypatch, body: str, eps: str) -> None:
 
 def test_plugins_register_and_broken_ones_are_reported(tmp_path, monkeypatch):
     body = (
-        "from tasks.base import TaskSetInfo\n"
+        "from astraflow.tasks.base import TaskSetInfo\n"
         "ONE = TaskSetInfo('one', lambda split, seed=0: [{'id': split}], ('train',))\n"
         "def clash():\n"
         "    return [TaskSetInfo('arith', lambda split, seed=0: [], ('train',))]\n"
@@ -72,8 +71,9 @@ def test_unknown_set_suggests_a_close_name():
 
 
 def test_recipe_check_reports_wrong_types_through_the_env_validator(tmp_path):
+    from astraflow.tasks.check import check_sets
+
     from astraflow.recipe import load_recipe
-    from tasks.check import check_sets
 
     rows = tmp_path / "m.jsonl"
     rows.write_text(json.dumps({"question": "1+1", "answer": [2]}) + "\n")

@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_SRC = Path(__file__).parent / "plugin_pkg"
-CLI = [sys.executable, "-m", "cli.main"]
+CLI = [sys.executable, "-m", "astraflow.cli.main"]
 
 RECIPE = """
 [run]

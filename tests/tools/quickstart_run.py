@@ -54,7 +54,14 @@ class QuickstartRun:
 def train_quickstart(
     tmp_path: Path, sets: list[str], env: dict[str, str] | None = None, timeout: int = 900
 ) -> QuickstartRun:
-    argv = [sys.executable, "-m", "cli.main", "train", "recipes/quickstart.toml", "--no-live"]
+    argv = [
+        sys.executable,
+        "-m",
+        "astraflow.cli.main",
+        "train",
+        "recipes/quickstart.toml",
+        "--no-live",
+    ]
     for s in [*sets, f"run.output_dir={json.dumps(str(tmp_path))}"]:
         argv += ["--set", s]
     environ = {**os.environ, "COLUMNS": "200", **(env or {})}

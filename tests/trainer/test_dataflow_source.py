@@ -14,6 +14,8 @@ from trainer_rollouts import rollout_group
 pytest.importorskip("astraflow.dataflow.http.app")
 
 
+from astraflow.tasks.catalog import load_task_set  # noqa: E402
+
 from astraflow.dataflow.http.app import create_app  # noqa: E402
 from astraflow.protocol import Episode, Trajectory, WeightVersion  # noqa: E402
 from astraflow.protocol.client import SyncDataflowClient  # noqa: E402
@@ -22,7 +24,6 @@ from astraflow.recipe import Recipe  # noqa: E402
 from astraflow.trainer.grpo import build_trainer  # noqa: E402
 from astraflow.trainer.loop import train_policy  # noqa: E402
 from astraflow.trainer.source import DataflowBatchSource  # noqa: E402
-from tasks.catalog import load_task_set  # noqa: E402
 
 TOKEN = "trainer-test-token"
 

@@ -105,10 +105,9 @@ def test_export_rejects_a_folder_that_is_no_checkpoint(tmp_path: Path):
 
 
 def test_cli_export_of_a_run_directory_merges_the_newest_adapter(lora_run):
+    from astraflow.cli.main import app
     from transformers import AutoModelForCausalLM
     from typer.testing import CliRunner
-
-    from cli.main import app
 
     out = lora_run["tmp"] / "cli-export"
     result = CliRunner().invoke(app, ["export", str(lora_run["tmp"] / "run"), str(out)])

@@ -22,6 +22,9 @@ import torch
 
 pytest.importorskip("trl")
 
+from astraflow.envs import default_registry  # noqa: E402
+from astraflow.tasks.catalog import load_task_set  # noqa: E402
+
 from astraflow.protocol import Batch, Group, Sample, Task, new_id  # noqa: E402
 from astraflow.recipe import load_recipe  # noqa: E402
 from astraflow.rollout.engines import SamplingParams, WeightUpdate, make_engine  # noqa: E402
@@ -29,8 +32,6 @@ from astraflow.rollout.env_runner import EnvRunner  # noqa: E402
 from astraflow.rollout.workflows import RolePolicy, default_workflows  # noqa: E402
 from astraflow.trainer.grpo import build_trainer  # noqa: E402
 from astraflow.trainer.source import InProcessBatchSource  # noqa: E402
-from envs import default_registry  # noqa: E402
-from tasks.catalog import load_task_set  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "tests" / "bench"

@@ -135,7 +135,7 @@ def create_app(
     synchronous: str = "FULL",
 ) -> FastAPI:
     """The dataflow service as an ASGI app; the store opens now, background work at startup.
-    ``task_source`` loads the recipe's task sets (``tasks.catalog.load_task_set``)."""
+    ``task_source`` loads the recipe's task sets (``astraflow.tasks.catalog.load_task_set``)."""
     if not token:
         raise ValueError("the dataflow service needs a run token (--token or ASTRAFLOW_TOKEN)")
     verifier = TokenVerifier.from_secret(token)  # a role token instead of the secret: ValueError

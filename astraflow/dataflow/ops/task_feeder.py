@@ -23,7 +23,7 @@ from astraflow.protocol import Task
 
 
 class TaskSource(Protocol):
-    """Where task payloads come from: ``tasks.catalog.load_task_set`` in the product, injected by
+    """Where task payloads come from: ``astraflow.tasks.catalog.load_task_set`` in the product, injected by
     the process entry (the dataflow does not import the task layer above it)."""
 
     def __call__(

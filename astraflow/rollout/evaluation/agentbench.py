@@ -8,9 +8,9 @@ engine, and with envs created by an :class:`EnvRunner` (env calls never on the e
 is evaluated is what is trained: the same prompt rendering, token sequence, turn and token limits.
 
 The episode's outcome is read back the way AgentBench reads it (the env's final status and judge,
-see :mod:`envs.agentbench.status`) and AgentBench's metrics come from :mod:`envs.agentbench.report`.
+see :mod:`astraflow.envs.agentbench.status`) and AgentBench's metrics come from :mod:`astraflow.envs.agentbench.report`.
 The oracle (``--agent oracle``) is a :class:`ScriptedAgent` replaying each sample's reference
-solution (:mod:`envs.agentbench.oracle`) through a scripted engine, which checks the harness itself.
+solution (:mod:`astraflow.envs.agentbench.oracle`) through a scripted engine, which checks the harness itself.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from astraflow.envs.agentbench.oracle import OracleEpisode
+from astraflow.envs.agentbench.report import SampleResult, build_report
+from astraflow.envs.agentbench.status import SampleStatus, TaskSkipped
 from astraflow.protocol import Task
 from astraflow.rollout.evaluation.agents import ScriptedAgent
 from astraflow.rollout.evaluation.episodes import Outcome, generated_texts, run_tasks
-from envs.agentbench.oracle import OracleEpisode
-from envs.agentbench.report import SampleResult, build_report
-from envs.agentbench.status import SampleStatus, TaskSkipped
 
 FAMILIES = ("dbbench", "os", "alfworld")
 #: How long one env call may take (an OS sample's set-up runs init scripts of up to 120 s each).
@@ -59,18 +59,18 @@ class Family:
 
 
 def family(name: str) -> Family:
-    from envs.agentbench import ALFWORLD_ENV_ID, DB_ENV_ID, OS_ENV_ID, data
+    from astraflow.envs.agentbench import ALFWORLD_ENV_ID, DB_ENV_ID, OS_ENV_ID, data
 
     if name == "dbbench":
-        from envs.agentbench.dbbench.env import MAX_ROUND
+        from astraflow.envs.agentbench.dbbench.env import MAX_ROUND
 
         return Family(name, DB_ENV_ID, MAX_ROUND + 1, data.load_dbbench)
     if name == "os":
-        from envs.agentbench.os.env import ROUND_LIMIT
+        from astraflow.envs.agentbench.os.env import ROUND_LIMIT
 
         return Family(name, OS_ENV_ID, ROUND_LIMIT, data.load_os)
     if name == "alfworld":
-        from envs.agentbench.alfworld.protocol import MAX_STEP
+        from astraflow.envs.agentbench.alfworld.protocol import MAX_STEP
 
         return Family(name, ALFWORLD_ENV_ID, MAX_STEP, data.load_alfworld)
     raise ValueError(f"unknown task family {name!r}; expected one of {', '.join(FAMILIES)}")
@@ -101,18 +101,18 @@ def env_kwargs(fam: Family, config: EvalConfig, meta: dict[str, Any]) -> dict[st
     """The family's env kwargs; builds what all its envs share (one sandbox factory) and notes
     the backend in ``meta``. Raises ValueError on a bad database URL before any episode runs."""
     if fam.name == "os":
-        from envs.agentbench.data import dockerfiles_dir
-        from envs.agentbench.os.sandbox import select_sandbox
+        from astraflow.envs.agentbench.data import dockerfiles_dir
+        from astraflow.envs.agentbench.os.sandbox import select_sandbox
 
         sandbox = select_sandbox(config.sandbox, dockerfiles_dir(config.data_dir))
         meta["sandbox"] = sandbox.backend
         return {"sandbox": sandbox, "data_dir": config.data_dir}
     if fam.name == "alfworld":
-        from envs.agentbench.alfworld.game import require_textworld
+        from astraflow.envs.agentbench.alfworld.game import require_textworld
 
         meta["alfworld"] = require_textworld()
         return {}
-    from envs.agentbench.dbbench.backends import make_backend
+    from astraflow.envs.agentbench.dbbench.backends import make_backend
 
     meta["db"] = make_backend(config.db).describe()
     return {"db": config.db}
@@ -214,14 +214,14 @@ async def evaluate(
     workflows: Any = None,
 ) -> dict[str, Any]:
     """Run every requested family and return AgentBench's JSON report (see
-    :func:`envs.agentbench.report.build_report`).
+    :func:`astraflow.envs.agentbench.report.build_report`).
 
     ``agent``: an :class:`EngineAgent` or :class:`ScriptedAgent` (e.g. :func:`oracle_agent`);
     ``workflows``: the registry to look the workflow up in (default: every installed workflow).
     """
+    from astraflow.envs import default_registry
     from astraflow.rollout.env_runner import EnvRunner
     from astraflow.rollout.workflows import default_workflows
-    from envs import default_registry
 
     families = [family(name) for name in config.tasks]
     spec = (workflows or default_workflows()).get(config.workflow)

@@ -169,10 +169,10 @@ async def evaluate_task_set(
 ) -> dict[str, Any]:
     """Run ``config`` with ``agent`` (an :class:`~.agents.EngineAgent` or scripted one) and return
     the report: ``summary`` (see :func:`summarise`), ``samples`` (one row each) and ``meta``."""
+    from astraflow.envs import default_registry
     from astraflow.rollout.env_runner import EnvRunner
     from astraflow.rollout.workflows import default_workflows
-    from envs import default_registry
-    from tasks.catalog import default_task_sets
+    from astraflow.tasks.catalog import default_task_sets
 
     registry = default_registry()
     registry.get(config.env)  # unknown env: a clear error before anything loads

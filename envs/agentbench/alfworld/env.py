@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from envs.agentbench.alfworld import protocol
-from envs.agentbench.status import SampleStatus
-from envs.base import TaskError, TextEnv
+from astraflow.envs.agentbench.alfworld import protocol
+from astraflow.envs.agentbench.status import SampleStatus
+from astraflow.envs.base import TaskError, TextEnv
 
 #: The two-line protocol for small-context models (the tiny CPU starter policy, a 256-token
 #: character-level context): the goal only, no room description, no one-shot dialogue and no lists
@@ -67,7 +67,7 @@ class AgentBenchALFWorldEnv(TextEnv):
     def sample_task(self, rng) -> dict[str, Any]:
         """A dev game (ALFWorld games are data, not generated): needs the AgentBench data folder."""
         if self._sample_tasks is None:
-            from envs.agentbench.data import load_alfworld
+            from astraflow.envs.agentbench.data import load_alfworld
 
             try:
                 self._sample_tasks = load_alfworld(self._data_dir, "dev")
@@ -76,7 +76,7 @@ class AgentBenchALFWorldEnv(TextEnv):
         return self._sample_tasks[int(rng.integers(len(self._sample_tasks)))]
 
     def _reset_task(self, task: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        from envs.agentbench.alfworld.game import open_game
+        from astraflow.envs.agentbench.alfworld.game import open_game
 
         self.close()
         self._game = open_game(task)

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
-from astraflow.errors import AstraFlowError
-from envs.agentbench.dbbench.scoring import (
+from astraflow.envs.agentbench.dbbench.scoring import (
     GROUP_CONCAT_MAX_LEN,
     format_rows,
     hash_answer,
@@ -34,6 +33,8 @@ from envs.agentbench.dbbench.scoring import (
     table_hash,
     truncate_result,
 )
+
+from astraflow.errors import AstraFlowError
 
 
 class BackendError(AstraFlowError, RuntimeError):

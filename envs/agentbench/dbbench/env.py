@@ -3,17 +3,17 @@
 Each episode loads the sample's table into a fresh database (SQLite by default, or MySQL/MariaDB via
 ``db="mysql://..."``). The agent runs SQL (``Action: Operation`` + a ```` ```sql ```` block; at most 15
 operations) and ends with ``Action: Answer`` + ``Final Answer: [...]``. The episode is scored as
-AgentBench scores it (:mod:`envs.agentbench.dbbench.scoring`): reward 1 when correct, else 0.
+AgentBench scores it (:mod:`astraflow.envs.agentbench.dbbench.scoring`): reward 1 when correct, else 0.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from envs.agentbench.dbbench.backends import TableSpec, make_backend
-from envs.agentbench.dbbench.scoring import MODIFYING_TYPES, parse_reply, score
-from envs.agentbench.status import SampleStatus
-from envs.base import TextEnv
+from astraflow.envs.agentbench.dbbench.backends import TableSpec, make_backend
+from astraflow.envs.agentbench.dbbench.scoring import MODIFYING_TYPES, parse_reply, score
+from astraflow.envs.agentbench.status import SampleStatus
+from astraflow.envs.base import TextEnv
 
 MAX_ROUND = 15
 
@@ -106,7 +106,7 @@ class AgentBenchDBEnv(TextEnv):
     def _reset_task(self, task: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         self.close()
         if task["type"] in MODIFYING_TYPES and "answer_md5" not in task:
-            from envs.base import TaskError
+            from astraflow.envs.base import TaskError
 
             raise TaskError(f"{task.get('id')}: {task['type']} samples need 'answer_md5'")
         self.session = self.backend.open(TableSpec.from_payload(task))

@@ -1,6 +1,6 @@
 """``astraflow/AgentBench-OS-v0``: AgentBench's os_interaction task as a multi-turn text env.
 
-Each episode gets a fresh sandbox (:mod:`envs.agentbench.os.sandbox`); the sample's init scripts
+Each episode gets a fresh sandbox (:mod:`astraflow.envs.agentbench.os.sandbox`); the sample's init scripts
 run as independent processes, its start script in the agent's persistent shell (so background jobs
 it launches keep running), then the agent acts for at most 8 rounds. ``Act: bash`` runs its bash
 blocks (30 s per command), ``Act: answer(...)`` / ``Act: finish`` commit and are judged by the
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from envs.agentbench.os.sandbox import SandboxError, SandboxFactory, select_sandbox
-from envs.agentbench.os.scoring import judge, observation_for, parse_action, script_argv
-from envs.agentbench.status import SampleStatus, TaskSkipped
-from envs.base import TextEnv
+from astraflow.envs.agentbench.os.sandbox import SandboxError, SandboxFactory, select_sandbox
+from astraflow.envs.agentbench.os.scoring import judge, observation_for, parse_action, script_argv
+from astraflow.envs.agentbench.status import SampleStatus, TaskSkipped
+from astraflow.envs.base import TextEnv
 
 ROUND_LIMIT = 8
 COMMAND_TIMEOUT_S = 30.0
@@ -123,7 +123,7 @@ class AgentBenchOSEnv(TextEnv):
         if self._factory is None:
             dockerfiles = None
             try:
-                from envs.agentbench.data import dockerfiles_dir
+                from astraflow.envs.agentbench.data import dockerfiles_dir
 
                 dockerfiles = dockerfiles_dir(self._data_dir)
             except ValueError:

@@ -14,11 +14,11 @@ Each task gets a fresh system that its init scripts may change freely (they writ
 * ``docker``: a container of an image built locally from AgentBench's own Dockerfiles
   (``os_interaction/res/dockerfiles``), without network.
 
-Both run :mod:`envs.agentbench.os.supervisor` inside the system, so the shell protocol is identical.
+Both run :mod:`astraflow.envs.agentbench.os.supervisor` inside the system, so the shell protocol is identical.
 
-Built on the shared sandbox package (:mod:`envs.sandbox`, also the code env's): one
-:class:`~envs.sandbox.base.SandboxError` for both, and the bwrap arguments of the host's top-level
-directories from :func:`envs.sandbox.bwrap.top_level_binds`. The runs differ in kind — a code run is
+Built on the shared sandbox package (:mod:`astraflow.envs.sandbox`, also the code env's): one
+:class:`~astraflow.envs.sandbox.base.SandboxError` for both, and the bwrap arguments of the host's top-level
+directories from :func:`astraflow.envs.sandbox.bwrap.top_level_binds`. The runs differ in kind — a code run is
 one process to completion, an OS task a long-lived system driven command by command — so the
 backends themselves stay separate classes.
 """
@@ -38,8 +38,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.sandbox.base import SandboxError
-from envs.sandbox.bwrap import top_level_binds
+from astraflow.envs.sandbox.base import SandboxError
+from astraflow.envs.sandbox.bwrap import top_level_binds
 
 SUPERVISOR_SOURCE = (Path(__file__).with_name("supervisor.py")).read_text(encoding="utf-8")
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from envs.base import TextEnv
-from envs.registry import EnvSpec
+from astraflow.api import EnvSpec, TextEnv
 
 
 class EchoEnv(TextEnv):

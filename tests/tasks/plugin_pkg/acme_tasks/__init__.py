@@ -9,9 +9,7 @@ from __future__ import annotations
 import random
 from typing import Any, ClassVar
 
-from envs.base import TextEnv
-from envs.registry import EnvSpec
-from tasks.base import TaskSetInfo
+from astraflow.api import EnvSpec, TaskSetInfo, TextEnv
 
 
 class DoubleEnv(TextEnv):
