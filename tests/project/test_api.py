@@ -26,8 +26,9 @@ def test_every_plugin_contract_is_the_defining_modules_object():
 
 
 def test_entry_point_groups_are_the_ones_the_registries_read():
-    from astraflow.dataflow.policies.registry import PolicyRegistry
     from astraflow.envs.registry import EnvRegistry
+
+    from astraflow.dataflow.policies.registry import PolicyRegistry
     from astraflow.rollout.workflows.registry import WorkflowRegistry
     from astraflow.tools.parsers import tool_parsers
 
