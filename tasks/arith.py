@@ -15,7 +15,7 @@ LEVELS: dict[int, list[tuple[str, int, int]]] = {
     2: [("+", 0, 99), ("-", 0, 99), ("*", 0, 9)],
     3: [("+", 0, 999), ("-", 0, 999), ("*", 0, 99)],
     # beyond the tiny policy for a long while: two-digit by two-digit products (the "cannot yet
-    # solve" share of a mixed-difficulty set; tests/bench/data_algorithms.py)
+    # solve" share of a mixed-difficulty set; bench/data_algorithms.py)
     4: [("*", 10, 99)],
 }
 SPLIT_SIZES = {"train": 20_000, "test": 500}

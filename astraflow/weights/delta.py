@@ -14,7 +14,7 @@ indices as LEB128 varints and the changes as integer differences ``new_bits - ol
 2**width, so still bit-exact), each stream zlib-compressed. At an RL learning rate (1e-6, bf16
 published from fp32 masters) ~2-4% of elements change, nearly all by exactly one ulp: a gap takes
 about one byte and a difference compresses to a few bits, so the delta is ~1.5-2% of the snapshot
-instead of ~6-8% with int32 indices and raw values (tests/bench/weight_sync.py, ``rl_lr`` cases).
+instead of ~6-8% with int32 indices and raw values (bench/weight_sync.py, ``rl_lr`` cases).
 A ``coded`` entry can only be applied on top of its parent (the digest check already demands it).
 
 Wire format: one safetensors file (never pickle) holding, for entry ``i``, ``"{i}.values"`` and for

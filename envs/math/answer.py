@@ -4,7 +4,7 @@ Grading is symbolic through ``math-verify`` (so ``1/2``, ``0.5`` and ``\\frac{1}
 fast path first: when gold and prediction are both plain integers/decimals they are compared as
 exact decimals, which is what almost every arithmetic and GSM8K answer is. ``math-verify`` costs
 about a millisecond or more per call and imports sympy, so the fast path keeps the env cheap on the
-CPU path (measure with ``python tests/bench/math_grading.py``).
+CPU path (measure with ``python bench/math_grading.py``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The agentic benchmark's analysis (``tests/bench/agentic.py``) on synthetic runs and a real dataflow
+"""The agentic benchmark's analysis (``bench/agentic.py``) on synthetic runs and a real dataflow
 SQLite store: episodes in flight, the speed-ups, the accuracy ladder, the straggler bound, the
 report and the plot. No training run (the benchmark itself is not a timed test)."""
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import _records  # noqa: E402
 import _results  # noqa: E402
 
-BENCH = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def test_recipe_settings_read_the_recipe(agentic):
 def test_sandbox_runs_are_read_from_a_real_store_without_sql(agentic, tmp_path):
     """A real service stores the node's episode info; the bench reads each training episode's
     sandbox duration and returns back through the dataflow's storage functions."""
-    sys.path.insert(0, str(BENCH.parent / "dataflow"))
+    sys.path.insert(0, str(BENCH.parent / "tests" / "dataflow"))
     from dataflow_helpers import TOKEN, ThreadedService, group, make_recipe
 
     from astraflow.protocol.client import SyncDataflowClient

@@ -2,7 +2,7 @@
 (``GRPOTrainer(tools=...)``) renders and parses the tiny tools policy exactly as AstraFlow does,
 its tool waits the recipe's latency, its reward scores only a final answer, TRL's tool loop runs
 real calls on the built-in policy, the held-out metric plays real tool episodes, and the case's
-analysis and report (``tests/bench/agentic.py``, ``_trl_tools.py``)."""
+analysis and report (``bench/agentic.py``, ``_trl_tools.py``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import _evaluation  # noqa: E402

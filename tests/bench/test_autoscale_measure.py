@@ -1,4 +1,4 @@
-"""The autoscale benchmark's node-seconds (``tests/bench/autoscale.py:measure``): a grown node is
+"""The autoscale benchmark's node-seconds (``bench/autoscale.py:measure``): a grown node is
 paid for from the decision that started it (its boot), a drained node until it exits, and both
 are clipped to the training window (first lease to last step). The benchmark itself is not a
 timed test."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")

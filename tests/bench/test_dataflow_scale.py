@@ -1,4 +1,4 @@
-"""The scale benchmark's harness (``tests/bench/dataflow_scale.py``): which lease grants count
+"""The scale benchmark's harness (``bench/dataflow_scale.py``): which lease grants count
 as wake-ups and after which event, and the store's table sizes read through
 ``storage.history.table_sizes`` from a real dataflow store. The benchmark itself is not a timed
 test."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")

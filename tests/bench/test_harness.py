@@ -1,8 +1,8 @@
-"""The comparison benchmarks' parsing and timing logic (``tests/bench/_records.py``, ``_stats``,
+"""The comparison benchmarks' parsing and timing logic (``bench/_records.py``, ``_stats``,
 ``_results``, ``_runs``, ``_report``), on synthetic
 records in the exact format the dataflow service writes, and on a real dataflow SQLite store; no
-training run is needed. The benchmarks themselves (``tests/bench/vs_trl.py``,
-``tests/bench/multi_policy.py``) run the whole system and are not timed tests."""
+training run is needed. The benchmarks themselves (``bench/vs_trl.py``,
+``bench/multi_policy.py``) run the whole system and are not timed tests."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import _records  # noqa: E402
 import _report  # noqa: E402

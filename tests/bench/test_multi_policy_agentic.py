@@ -1,4 +1,4 @@
-"""The multi-policy agentic benchmark's analysis (``tests/bench/multi_policy_agentic.py``) on
+"""The multi-policy agentic benchmark's analysis (``bench/multi_policy_agentic.py``) on
 synthetic runs: the targets (the lock-step runs' median final accuracy of each policy), the race
 decided by the slower policy, the paired figures, the straggler bound, the report and the plot. No
 training run (the benchmark itself is not a timed test)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import _records  # noqa: E402

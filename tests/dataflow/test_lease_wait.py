@@ -4,7 +4,7 @@ A request that finds no work parks at the service; each event that can create wo
 or a served batch freeing backpressure room, an ack or a version announcement advancing a sync
 round, an older version re-announced, a lease released or expired, a node leaving, an evaluation
 request, the run ending) must answer it at once. Time bounds are generous: "answered well before
-wait_s ran out" is the behaviour under test, not a latency figure (tests/bench/lease_wakeup.py
+wait_s ran out" is the behaviour under test, not a latency figure (bench/lease_wakeup.py
 measures that).
 """
 

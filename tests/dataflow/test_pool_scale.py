@@ -1,5 +1,5 @@
 """What keeps one dataflow service's load bounded as its pool of nodes grows (the limits
-tests/bench/dataflow_scale.py found): the heartbeat interval it asks of nodes grows with the pool,
+bench/dataflow_scale.py found): the heartbeat interval it asks of nodes grows with the pool,
 and the registration bound is the recipe's."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The chaos benchmark's short version (``tests/bench/chaos.py``): one real quickstart run while a
+"""The chaos benchmark's short version (``bench/chaos.py``): one real quickstart run while a
 seeded schedule SIGKILLs and SIGSTOPs its services; every invariant holds afterwards."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")

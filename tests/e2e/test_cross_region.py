@@ -2,12 +2,12 @@
 
 A short real run (the local launcher: dataflow, trainer, one local node; ``agentic_math`` with few
 steps) plus one rollout node in a network namespace behind the emulated WAN of
-``tests/bench/_netns.py`` (100 ms RTT, 50 Mbit/s, 1 % loss). While the remote node holds leases the
+``bench/_netns.py`` (100 ms RTT, 50 Mbit/s, 1 % loss). While the remote node holds leases the
 link is cut for longer than the lease timeout, so its leases expire and the home node redoes the
 tasks; the link heals and the remote node delivers again. The store must then show no lost and no
-duplicated task (``tests/bench/_store_checks.py``). Skipped where namespaces cannot be made (not
+duplicated task (``bench/_store_checks.py``). Skipped where namespaces cannot be made (not
 root, no iproute2, no /dev/net/tun). The full scenario with figures is
-``tests/bench/cross_region.py``.
+``bench/cross_region.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "bench"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import _netns as N  # noqa: E402
 import _store_checks as C  # noqa: E402

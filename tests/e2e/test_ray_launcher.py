@@ -1,7 +1,7 @@
 """`run.launcher = "ray"` end to end on a local 2-node Ray cluster, and its errors.
 
 The cluster is the one named by ``ASTRAFLOW_RAY_ADDRESS`` (CI starts it: ``.ci/run``), else one
-this module starts and stops (two ``ray start`` processes, see ``tests/bench/_ray_cluster.py``).
+this module starts and stops (two ``ray start`` processes, see ``bench/_ray_cluster.py``).
 The second Ray node stands for another host: it has the label ``region=us-west`` and the custom
 resource ``rollout_host``, which the recipe's ``[ray.rollout]`` asks for.
 """
@@ -19,7 +19,7 @@ import pytest
 from test_train_e2e import _assert_exact_timeline, _start, _wait_for_step
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "bench"))
+sys.path.insert(0, str(ROOT / "bench"))
 from _ray_cluster import SECOND_NODE_LABEL, SECOND_NODE_RESOURCE, LocalRayCluster  # noqa: E402
 
 ADDRESS_ENV = "ASTRAFLOW_RAY_ADDRESS"

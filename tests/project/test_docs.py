@@ -1,6 +1,6 @@
 """The documentation describes main: the README is a short user guide without lab-notebook words,
 its links resolve, every figure in ``docs/results.md`` (and the README's headline table) is what
-``tests/bench/results.py`` makes of the benches' JSON files, and every design decision has a
+``bench/results.py`` makes of the benches' JSON files, and every design decision has a
 status."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "bench"))
+sys.path.insert(0, str(REPO / "bench"))
 import results  # noqa: E402
 
 README = REPO / "README.md"
@@ -57,13 +57,13 @@ def test_relative_links_resolve(doc):
 def test_results_md_is_generated_from_the_bench_json():
     want = results.render_results_md(results.load_results())
     have = results.RESULTS_MD.read_text() if results.RESULTS_MD.exists() else ""
-    assert have == want, "docs/results.md differs from its JSON; run python tests/bench/results.py"
+    assert have == want, "docs/results.md differs from its JSON; run python bench/results.py"
 
 
 def test_readme_headline_table_is_generated_from_the_bench_json():
     text = README.read_text()
     want = results.readme_with_headline(text, results.render_headline(results.load_results()))
-    assert text == want, "README's headline table differs; run python tests/bench/results.py"
+    assert text == want, "README's headline table differs; run python bench/results.py"
 
 
 def test_every_bench_json_is_stamped():

@@ -4,7 +4,7 @@ The batch is real: ``MathMultiTurn-v0`` episodes (several tries with feedback) p
 ``single_agent`` on AstraFlow's transformers engine with the built-in tiny policy. It is fed to
 ``AstraGRPOTrainer`` (through a batch source, as the dataflow does) and to stock
 ``trl.GRPOTrainer`` (through a ``rollout_func`` returning the same tokens with ``env_mask`` = the
-loss mask), configured as the agentic bench configures it (``tests/bench/_trl.py``) from
+loss mask), configured as the agentic bench configures it (``bench/_trl.py``) from
 ``recipes/agentic_math.toml``. Same loss mask, ``num_items_in_batch``, loss and gradient; and
 three on-policy lock-step steps of AstraFlow replayed into TRL end at the same weights.
 """
@@ -34,14 +34,14 @@ from astraflow.trainer.grpo import build_trainer  # noqa: E402
 from astraflow.trainer.source import InProcessBatchSource  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-BENCH = REPO / "tests" / "bench"
+BENCH = REPO / "bench"
 POLICY = "policy"
 GROUPS, GROUP_SIZE, STEPS = 4, 8, 3
 
 
 @pytest.fixture(scope="module")
 def bench_trl():
-    """The bench's TRL set-up module (``tests/bench/_trl.py``)."""
+    """The bench's TRL set-up module (``bench/_trl.py``)."""
     sys.path.insert(0, str(BENCH))
     try:
         import _trl

@@ -23,7 +23,7 @@ def heartbeat_interval(config: ServiceConfig, active_nodes: int) -> float:
 
     Why it grows with the pool: every heartbeat is a write transaction on the store's one writer
     thread, so a fixed interval makes the service's heartbeat load grow with the pool (2,048 a
-    second from 4,096 nodes at 2 s, about a core by itself; tests/bench/dataflow_scale.py). The
+    second from 4,096 nodes at 2 s, about a core by itself; bench/dataflow_scale.py). The
     pool as a whole is held to ``dataflow.max_heartbeats_per_s``; an interval stays below a
     quarter of the lease timeout, so a live node renews its leases several times before they
     expire."""

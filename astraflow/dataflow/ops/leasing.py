@@ -191,7 +191,7 @@ def serve(
     requests a pass actually tries have their stored reply and their node's state read: with
     thousands of parked nodes and one free task, a pass reads a handful of rows, not thousands
     (reading them all made every pass cost in proportion to the parked nodes, and heartbeats
-    queued behind the passes on the writer; tests/bench/dataflow_scale.py). What a skipped
+    queued behind the passes on the writer; bench/dataflow_scale.py). What a skipped
     request would have learnt otherwise reaches it another way: a node that leaves has its parked
     request ended by the service at once (``DataflowService._end_parked``), and a retry granted
     leases in its own transaction hands them to the original parked beside it

@@ -401,7 +401,7 @@ class DataflowService:
         Why most heartbeats are answered without a transaction: a heartbeat was a write
         transaction on the store's one writer, queued behind every lease pass and push, so at
         4,096 nodes heartbeats waited hundreds of milliseconds for the writer
-        (tests/bench/dataflow_scale.py) although most of them renewed nothing: only the nodes
+        (bench/dataflow_scale.py) although most of them renewed nothing: only the nodes
         running a group hold leases. A node that reports no lease in flight and is known active is
         answered at once from the news the last transactional heartbeat read (versions, weights,
         stop), unless an operation that can change it (an announcement, an ack, a stop) ran since,
@@ -648,7 +648,7 @@ class DataflowService:
         Always when the node's work is held back until it loads them. Otherwise only while the
         pool is within its heartbeat budget: every version would end every parked request at
         once, and each comes straight back, so a pool of thousands of parked nodes sent thousands
-        of requests in a burst per version (tests/bench/dataflow_scale.py). A larger pool hears
+        of requests in a burst per version (bench/dataflow_scale.py). A larger pool hears
         of versions from its heartbeats, which are paced and spread over the interval."""
         if not _news(waiter, outcome):
             return False

@@ -50,7 +50,7 @@ def trainer_idle(tx: Tx, policy: str, now: float) -> float | None:
 
 #: Most active nodes /status lists (silent ones first); ``node_summary`` counts every node. At
 #: 4,096 nodes the whole list was a megabyte built on the store's writer thread, holding every
-#: heartbeat, lease and push behind each status read for seconds (tests/bench/dataflow_scale.py).
+#: heartbeat, lease and push behind each status read for seconds (bench/dataflow_scale.py).
 STATUS_NODES_LISTED = 256
 
 

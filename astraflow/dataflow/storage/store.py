@@ -522,7 +522,7 @@ class Store:
         but under a steady stream of commits they rarely catch up with the end of the WAL, and
         SQLite starts the WAL over only once one has: it grows until a lull lets one catch up, and
         the file keeps that size (half a gigabyte within three minutes of a busy run,
-        tests/bench/dataflow_scale.py). Between two groups the writer is
+        bench/dataflow_scale.py). Between two groups the writer is
         the only one writing, so a TRUNCATE checkpoint completes; it holds the next group for the
         copy, once per ``wal_limit_bytes`` written. Frames of groups the flusher has not synced
         yet are in the database file, synced by the checkpoint, when it returns."""

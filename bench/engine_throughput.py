@@ -8,7 +8,7 @@ same c prompts, left-padded, with a KV cache. Both generate exactly ``max_tokens
 (best of the repeats); ``cpu_overhead_vs_generate`` is the same on process CPU time, which other
 load on a shared machine disturbs less.
 
-    python tests/bench/engine_throughput.py --quick --json /tmp/engine_throughput.json
+    python bench/engine_throughput.py --quick --json /tmp/engine_throughput.json
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def resolve_bench_model(tmp: Path) -> tuple[Path, str]:
 
         return Path(resolve_model("builtin:tiny-arith")), "builtin:tiny-arith"
     except Exception:  # noqa: BLE001 - fall back to a random model of the same family
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "rollout"))
         from tiny_random_model import build_random_tiny_model
 
         return build_random_tiny_model(tmp / "tiny", hidden_size=128, num_layers=4), "random tiny"

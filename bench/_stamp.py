@@ -1,6 +1,6 @@
 """Where a bench's figures came from: the stamp every ``--json`` file carries, and the one writer.
 
-``docs/results.md`` is generated from these files (``python tests/bench/results.py``), and each of
+``docs/results.md`` is generated from these files (``python bench/results.py``), and each of
 its tables says which commit, date, machine and command produced it, read from ``meta``. The
 stamp is taken when the file is written, so a figure can never be older than the code it names
 without the file saying so (``dirty: true`` when the tree had uncommitted changes).
@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _git(*args: str) -> str | None:
@@ -67,7 +67,7 @@ def stamp(argv: list[str] | None = None) -> dict[str, Any]:
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {
         "bench": Path(script).stem,
-        "command": " ".join(["python", f"tests/bench/{script}", *argv[1:]]),
+        "command": " ".join(["python", f"bench/{script}", *argv[1:]]),
         "commit": _git("rev-parse", "HEAD"),
         "dirty": bool(status) if status is not None else None,
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -32,8 +32,8 @@ the ratio of those times' censored medians; and
 JSON per system: ``<system>.solver.final_acc``, ``<system>.verifier.final_acc``,
 ``<system>.samples_per_s``, ``<system>.trainer_idle``, ``<system>.episodes_in_flight``.
 
-    python tests/bench/multi_policy_agentic.py --quick --json /tmp/mpa.json     # 1 seed, 2 steps, < 3 min
-    python tests/bench/multi_policy_agentic.py --json docs/results/multi_policy_agentic.json
+    python bench/multi_policy_agentic.py --quick --json /tmp/mpa.json     # 1 seed, 2 steps, < 3 min
+    python bench/multi_policy_agentic.py --json docs/results/multi_policy_agentic.json
 """
 
 from __future__ import annotations

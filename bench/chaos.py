@@ -14,8 +14,8 @@ the run, the invariants are checked from what it left on disk:
 * no evaluation from a discarded timeline: each evaluated version was measured after the final
   timeline's announcement of that version, once.
 
-    python tests/bench/chaos.py --quick --json out.json     # 2 runs, < 2 min on 2 cores... ish
-    python tests/bench/chaos.py --runs 5 --json out.json
+    python bench/chaos.py --quick --json out.json     # 2 runs, < 2 min on 2 cores... ish
+    python bench/chaos.py --runs 5 --json out.json
 
 JSON keys: ``runs``, ``kills``, ``stops``, ``restarts``, ``runs_completed``,
 ``invariant_violations`` (must be 0), ``steps_final`` (the final version of each run), and
@@ -49,12 +49,12 @@ from pathlib import Path
 import _records
 import _stamp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "rollout"))
 from node_helpers import Dataflow, multi_turn_recipe, start_node, wait_for  # noqa: E402
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 console = Console()
 
 #: a quickstart small enough that a run with faults takes about a minute on 2 cores

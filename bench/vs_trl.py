@@ -33,8 +33,8 @@ model loading, spawning services) is reported apart. Time to accuracy = time at 
 that first scored >= the threshold existed. The threshold is the lowest median final accuracy among
 the systems (every system reaches it in a typical run), unless ``--threshold`` is given.
 
-    python tests/bench/vs_trl.py --quick --json /tmp/vs_trl.json
-    python tests/bench/vs_trl.py --seeds 3 --json /tmp/vs_trl.json
+    python bench/vs_trl.py --quick --json /tmp/vs_trl.json
+    python bench/vs_trl.py --seeds 3 --json /tmp/vs_trl.json
 """
 
 from __future__ import annotations

@@ -66,10 +66,10 @@ trainer idle, the tool wait per step; ``tools.speedup_vs_trl`` and ``tools.speed
 are ratios of samples/s at equal trained samples (= ratios of training times), medians over seeds.
 JSON: ``tools.<system>.final_acc``, ``tools.<system>.samples_per_s``, ...
 
-    python tests/bench/agentic.py --quick --json /tmp/agentic.json        # math, 1 seed, ~2.5 min
-    python tests/bench/agentic.py --json /tmp/agentic.json --plot /tmp/agentic.png  # 8 seeds x 20 steps
-    python tests/bench/agentic.py --cases sandbox --json /tmp/agentic-sandbox.json
-    python tests/bench/agentic.py --quick --cases tools --json /tmp/agentic-tools.json  # ~6 min
+    python bench/agentic.py --quick --json /tmp/agentic.json        # math, 1 seed, ~2.5 min
+    python bench/agentic.py --json /tmp/agentic.json --plot /tmp/agentic.png  # 8 seeds x 20 steps
+    python bench/agentic.py --cases sandbox --json /tmp/agentic-sandbox.json
+    python bench/agentic.py --quick --cases tools --json /tmp/agentic-tools.json  # ~6 min
 """
 
 from __future__ import annotations

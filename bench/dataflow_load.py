@@ -20,8 +20,8 @@ Reports per phase: episode pushes/s, push latency p50/p99, lease latency p50/p99
 service CPU seconds per 1k pushes (and pushes per service CPU-second: the least noisy figure on a
 shared machine), SQLite commits per second (group commit at work).
 
-    python tests/bench/dataflow_load.py --quick --json out.json
-    python tests/bench/dataflow_load.py --clients 64 256 --duration 30 --synchronous NORMAL
+    python bench/dataflow_load.py --quick --json out.json
+    python bench/dataflow_load.py --clients 64 256 --duration 30 --synchronous NORMAL
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from astraflow.protocol import (  # noqa: E402

@@ -16,8 +16,8 @@ times the first node that receives the task. Event kinds:
 that request's own transit and commit) to the moment a waiting node's lease reply arrives. Events
 are spaced by a random 20-60 ms pause, so every measurement starts from parked, idle waiters.
 
-    python tests/bench/lease_wakeup.py --quick --json out.json
-    python tests/bench/lease_wakeup.py --nodes 16 --events 300
+    python bench/lease_wakeup.py --quick --json out.json
+    python bench/lease_wakeup.py --nodes 16 --events 300
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import _stamp
 from rich.console import Console
 from rich.table import Table
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -15,7 +15,7 @@ Figures (per seed, then median and range over seeds, and a 95 % interval of the 
 called a tool and whose every call parsed (hermes), ``invalid_call_rate`` episodes ended by a
 call that did not parse, ``no_call_rate`` episodes answered without a tool.
 
-    python tests/bench/tool_learning.py [--quick] [--json PATH] [--seeds 0,1,2] [--workdir DIR]
+    python bench/tool_learning.py [--quick] [--json PATH] [--seeds 0,1,2] [--workdir DIR]
 
 ``--quick``: one seed, 20 optimizer steps, 100 problems x 2 samples per evaluation (about 4
 minutes on a quiet 2-core machine, nearly all of it the 20 training steps). The full run: seeds

@@ -1,4 +1,4 @@
-"""Weight sync cost: sparse delta vs full snapshot (run: python tests/bench/weight_sync.py [--quick]).
+"""Weight sync cost: sparse delta vs full snapshot (run: python bench/weight_sync.py [--quick]).
 
 For the built-in tiny policy and a larger randomly initialised Qwen2 model, takes a few real AdamW
 steps (fp32 master weights, random token data, small learning rates) and publishes each step's
@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 #: A realistic RL fine-tuning learning rate (the rl-bfloat16 case).

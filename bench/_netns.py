@@ -24,7 +24,7 @@ root namespace has no route to N at all: nothing outside R can open a connection
 reaches the home services only through a TCP relay in R (``relay`` sub-command), which is what a
 NAT gateway gives a host at the TCP level: its connections leave from the gateway's address.
 
-Commands (``python tests/bench/_netns.py wan|relay ...``) run as child processes of the bench, in
+Commands (``python bench/_netns.py wan|relay ...``) run as child processes of the bench, in
 the namespace they serve (``ip netns exec``).
 """
 
@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 CLONE_NEWNET = 0x40000000
 TUNSETIFF = 0x400454CA
 IFF_TUN = 0x0001

@@ -20,7 +20,7 @@ None: the system never reached it, or the baseline's gain is within two standard
 evaluation, i.e. it did not learn). ``speedup_equal_samples``: the baseline's median train time
 divided by the system's, for the same trained samples.
 
-    python tests/bench/data_algorithms.py [--quick] [--json PATH] [--seeds 0,1,2] [--systems ...]
+    python bench/data_algorithms.py [--quick] [--json PATH] [--seeds 0,1,2] [--systems ...]
 
 ``--quick``: one seed, 10 steps, baseline and replay: a smoke run of the measurement (held-out
 accuracy barely moves in 10 steps; rollout and waste counts do), two end-to-end trainings side by

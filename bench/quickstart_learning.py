@@ -4,7 +4,7 @@ Runs ``astraflow train recipes/quickstart.toml`` exactly as a user would (fixed 
 run's own evaluations (greedy, on the arithmetic test split) from ``metrics.jsonl``. Target: at least
 +10 points on >= 300 held-out problems in under 10 minutes on a 2-core CPU machine.
 
-    python tests/bench/quickstart_learning.py [--quick] [--json PATH] [--seed N] [--set KEY=VALUE]
+    python bench/quickstart_learning.py [--quick] [--json PATH] [--seed N] [--set KEY=VALUE]
 
 ``--set`` overrides a recipe key, as ``astraflow train --set`` does (e.g. the LoRA figure:
 ``--set 'policies.policy.trainer.lora={r=16, alpha=32}'``).

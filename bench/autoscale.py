@@ -28,8 +28,8 @@ services run, so the phases here last tens of seconds, not the minutes to hours 
 slowdowns: a grow pays that start once per slow phase, which weighs on ``time_to_acc_ratio`` in
 proportion to how short the phase is.
 
-    python tests/bench/autoscale.py --quick --json /tmp/autoscale.json   # < 3 min on 2 cores
-    python tests/bench/autoscale.py --json docs/results/autoscale.json
+    python bench/autoscale.py --quick --json /tmp/autoscale.json   # < 3 min on 2 cores
+    python bench/autoscale.py --json docs/results/autoscale.json
 """
 
 from __future__ import annotations

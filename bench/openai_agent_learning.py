@@ -6,7 +6,7 @@ Two runs of ``astraflow train recipes/quickstart.toml``, same seed and settings:
 Math env), which reaches the policy through the rollout node's recording endpoint over HTTP. Both
 read their held-out greedy accuracy (arith test split) from the run's own evaluations.
 
-    python tests/bench/openai_agent_learning.py [--quick] [--json PATH] [--seed N]
+    python bench/openai_agent_learning.py [--quick] [--json PATH] [--seed N]
 
 ``--quick`` trains 60 steps per run and evaluates on 200 held-out problems (~2-3 min per run).
 """

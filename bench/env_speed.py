@@ -1,4 +1,4 @@
-"""Speed of the math and search envs' hot paths (run: python tests/bench/env_speed.py [--quick]).
+"""Speed of the math and search envs' hot paths (run: python bench/env_speed.py [--quick]).
 
 Measures why the math grader has a numeric fast path (math-verify per call vs direct decimal
 comparison), and what a search turn costs (BM25 over the stdlib corpus).
@@ -16,7 +16,7 @@ import _stamp
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _per_call(fn, items, repeat: int) -> float:

@@ -4,7 +4,7 @@ A real training run (``recipes/agentic_math.toml``: multi-turn arithmetic whose 
 on a log-normal tool delay; the built-in tiny policy) is started by the local launcher
 (``LocalLauncher``: dataflow service, trainer and one local rollout node in the home namespace, the
 dataflow bound to the home end of the link). A remote region is made of network namespaces
-(``tests/bench/_netns.py``): the region namespace sits behind an emulated WAN link (100 ms RTT,
+(``bench/_netns.py``): the region namespace sits behind an emulated WAN link (100 ms RTT,
 50 Mbit/s, 1 % packet loss each way; TUN devices bridged by a user-space packet forwarder for delay
 and loss, ``tbf`` for the rate, so the kernel's own TCP runs over it), and a NAT-like namespace
 inside the region has no inbound route at all: its node reaches the home services only through a
@@ -26,13 +26,13 @@ fetches each file once over the link from the trainer's weight server; its nodes
    first group the region delivers again;
 4. ``r0`` leaves (SIGTERM: it finishes or releases its groups and deregisters);
 5. the run trains to ``max_steps``; then ``tasks_lost`` and ``tasks_duplicated`` are computed from
-   the dataflow's own audit (``tests/bench/_store_checks.py``; both must be 0) with episodes/s per region.
+   the dataflow's own audit (``bench/_store_checks.py``; both must be 0) with episodes/s per region.
 
 Needs root, iproute2 and /dev/net/tun; skips with the reason otherwise (the JSON then says
 ``skipped``). Everything it creates (namespaces, devices, routes, processes) is removed on exit.
 
-    python tests/bench/cross_region.py --quick --json out.json     # ~2-3 min, 12 s partition
-    python tests/bench/cross_region.py --json out.json              # 30 s partition, longer run
+    python bench/cross_region.py --quick --json out.json     # ~2-3 min, 12 s partition
+    python bench/cross_region.py --json out.json              # 30 s partition, longer run
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ the Python/torch runtime (~0.3-0.5 GB), not the weights: the RSS ratios here say
 a tiny model, the parameter bytes what they cost where weights dominate (a Llama-7B base: ~13 GB per
 full copy in bf16 vs ~80 MB per rank-16 adapter on every linear layer).
 
-    python tests/bench/multi_lora.py --quick --json /tmp/multi_lora.json
+    python bench/multi_lora.py --quick --json /tmp/multi_lora.json
 """
 
 from __future__ import annotations

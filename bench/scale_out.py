@@ -16,9 +16,9 @@ of ``--duration-s`` that starts ``--warmup-s`` after the first one (start-up exc
 then stopped with Ctrl-C. The figure of merit is
 ``scaling_efficiency_4`` = rate(4 nodes) / (4 x rate(1 node)); target >= 0.8.
 
-    python tests/bench/scale_out.py --quick --json /tmp/scale_out.json     # ~5 min
-    python tests/bench/scale_out.py --json /tmp/scale_out.json             # longer windows
-    ASTRAFLOW_RAY_ADDRESS=127.0.0.1:6379 python tests/bench/scale_out.py   # an existing cluster
+    python bench/scale_out.py --quick --json /tmp/scale_out.json     # ~5 min
+    python bench/scale_out.py --json /tmp/scale_out.json             # longer windows
+    ASTRAFLOW_RAY_ADDRESS=127.0.0.1:6379 python bench/scale_out.py   # an existing cluster
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import _stamp
 from _ray_cluster import SECOND_NODE_LABEL, SECOND_NODE_RESOURCE, LocalRayCluster
 from _status import read_status, window_rate
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "agentic_math.toml"
 NODE_COUNTS = (1, 2, 4)
 

@@ -36,8 +36,8 @@ A separate long run (``store_*``): few busy nodes with churn and a trainer that 
 trained sample (the marginal growth over the second half of the run) and each table's share at
 the end, read from the store file through ``storage.history.table_sizes``.
 
-    python tests/bench/dataflow_scale.py --quick --json /tmp/scale.json
-    flock /tmp/astraflow-bench.lock python tests/bench/dataflow_scale.py --json out.json
+    python bench/dataflow_scale.py --quick --json /tmp/scale.json
+    flock /tmp/astraflow-bench.lock python bench/dataflow_scale.py --json out.json
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ import psutil
 from _cli import add_output_flags, bench_parser
 from _report import console, table
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dataflow_load import TOKEN, AiohttpNode, ServiceProcess, packed_trajectory, pct  # noqa: E402

@@ -18,7 +18,7 @@ each trainer idles through every generation phase. In async mode the node keeps 
 weights at most ``max_lag`` versions old while the trainers step, each as soon as its own batch is
 ready.
 
-    python tests/bench/multi_policy.py --quick --json /tmp/multi_policy.json
+    python bench/multi_policy.py --quick --json /tmp/multi_policy.json
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from _records import dataflow_times, missing_final_evals, policies_in, read_json
 from _report import console
 from _results import PolicyResult, RunResult, summarize_policy
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 #: ``final_eval(run_dir, policy, step) -> accuracy | None`` for a run whose final eval is missing.

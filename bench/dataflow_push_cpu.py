@@ -7,7 +7,7 @@ uvicorn's socket handling is left out) with 64 concurrent pushes of 1-4k-token e
 reports the CPU time each thread of the service spent per push (psutil per-thread times), which
 neighbours disturb far less than wall time.
 
-    python tests/bench/dataflow_push_cpu.py --json out.json
+    python bench/dataflow_push_cpu.py --json out.json
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
