@@ -278,3 +278,20 @@ def test_the_wal_stays_bounded_under_a_steady_stream_of_commits(tmp_path):
     assert store.wal_resets >= 1
     assert store.call(lambda tx: tx.get_meta("k0")) == blob
     store.close()
+
+
+def test_the_shutdown_audit_finds_a_leases_episodes_by_index(tmp_path):
+    """The audit counts each done task's episodes by lease (``storage/audit.py``); without an index
+    on ``episodes(lease_id)`` that is a scan per task, minutes on a quickstart-sized store, and
+    the launcher SIGKILLed the dataflow service before ``run_summary`` was written."""
+    store = Store(tmp_path / "s.db")
+    plan = store.call(
+        lambda tx: [
+            str(tuple(row))
+            for row in tx.execute(
+                "EXPLAIN QUERY PLAN SELECT COUNT(*) FROM episodes e WHERE e.lease_id = ?", ("l",)
+            ).fetchall()
+        ]
+    )
+    store.close()
+    assert any("episodes_by_lease" in row for row in plan), plan

@@ -89,6 +89,9 @@ CREATE TABLE IF NOT EXISTS episodes (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS episodes_by_time ON episodes (created_at);
+-- the shutdown audit and the run summary join episodes to their lease: without this index the
+-- audit of a quickstart-sized store took minutes and the launcher SIGKILLed the service
+CREATE INDEX IF NOT EXISTS episodes_by_lease ON episodes (lease_id);
 CREATE INDEX IF NOT EXISTS episodes_failed ON episodes (finish_reason) WHERE error IS NOT NULL;
 CREATE TABLE IF NOT EXISTS samples (
     id TEXT PRIMARY KEY,
