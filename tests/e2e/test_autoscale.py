@@ -23,7 +23,7 @@ import pytest
 
 from astraflow.dataflow.storage import history, store
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.nightly  # a benchmark-sized run (bench/autoscale.py measures it)
 
 ROOT = Path(__file__).resolve().parents[2]
 

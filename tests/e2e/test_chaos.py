@@ -31,7 +31,7 @@ def test_schedule_is_seeded_and_lands_during_training(chaos):
     assert [f.at_step for f in a] == sorted(f.at_step for f in a)
 
 
-@pytest.mark.slow  # a 12-step run under faults
+@pytest.mark.nightly  # a 12-step run under faults (bench/chaos.py); restarts are in the slow tier's shared runs
 def test_a_run_under_faults_keeps_every_invariant(chaos, tmp_path):
     # seed 3: kills the trainer, a node and the dataflow at different steps
     outcome = chaos.run_once(tmp_path, seed=3, max_steps=12, faults=3)

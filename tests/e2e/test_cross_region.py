@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import _netns as N  # noqa: E402
 import _store_checks as C  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.nightly  # network namespaces and a WAN emulation: bench/cross_region.py
 
 PARTITION_S = 6.0
 LEASE_TIMEOUT_S = 3.0

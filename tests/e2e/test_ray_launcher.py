@@ -46,7 +46,7 @@ def ray_address():
             os.environ["RAY_AUTH_MODE"] = saved
 
 
-@pytest.mark.slow
+@pytest.mark.nightly  # needs a Ray cluster (.ci/nightly starts one)
 def test_quickstart_on_ray_survives_a_killed_trainer_actor(ray_address, tmp_path, still_running):
     """Quickstart with the Ray launcher: the rollout node lands on the second Ray node by its
     label (the dataflow and trainer off it by the same label), the trainer's actor is SIGKILLed once mid-run and restarted (resuming from its
@@ -96,7 +96,7 @@ def test_quickstart_on_ray_survives_a_killed_trainer_actor(ray_address, tmp_path
     assert still_running({**gone, **pids}) == []
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_autoscaled_pool_on_ray_grows_and_drains_node_actors(ray_address, tmp_path, still_running):
     """The autoscaler on the Ray launcher: grown nodes are node actors placed like the
     launcher's own, a shrink drains one through its actor (SIGTERM to its process), and the run

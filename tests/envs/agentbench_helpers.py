@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from astraflow.tasks.data import data_dir
 
-DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "agentbench"
+DATA = data_dir() / "agentbench"
 MYSQL_URL = "mysql://root@127.0.0.1:3306"
 
 

@@ -195,7 +195,7 @@ def test_env_endings_invalid_repeated_and_round_limit():
     assert info["status"] == "task limit reached" and not info["success"]
 
 
-@pytest.mark.slow
+@pytest.mark.nightly  # needs the alfworld extra (built by .ci/nightly)
 def test_compact_prompt_and_abort():
     need_alfworld()
     from astraflow.envs.agentbench.status import SampleStatus
@@ -210,7 +210,7 @@ def test_compact_prompt_and_abort():
     assert info["status"] == "agent context limit" and info["success"] is False
 
 
-@pytest.mark.slow
+@pytest.mark.nightly  # needs the alfworld extra (built by .ci/nightly)
 def test_workflow_renders_the_opening_as_chat_turns():
     """single_agent renders info["messages"] with the chat template, so the one-shot dialogue's
     agent replies are assistant turns, exactly as AgentBench's session holds them."""
@@ -258,7 +258,7 @@ def test_workflow_renders_the_opening_as_chat_turns():
     assert episode.trajectories[0].num_turns == len(task["walkthrough"])
 
 
-@pytest.mark.slow
+@pytest.mark.nightly  # needs the alfworld extra (built by .ci/nightly)
 def test_eval_agentbench_oracle_wins_every_dev_game(tmp_path):
     """`astraflow eval agentbench --agent oracle --tasks alfworld`: the walkthroughs, replayed in
     AgentBench's reply format through the training workflow, win all 20 dev games."""
@@ -280,7 +280,7 @@ def test_eval_agentbench_oracle_wins_every_dev_game(tmp_path):
     assert all(v["passed"] == v["total"] for v in fam["by_type"].values())
 
 
-@pytest.mark.slow
+@pytest.mark.nightly  # needs the alfworld extra (built by .ci/nightly)
 def test_games_in_threads_share_a_bounded_pool_of_planner_libraries():
     """Games loaded from several threads at once all play correctly (TextWorld is not thread-safe:
     without the lock, grammars fail to parse), and closed games' planner libraries are reused."""

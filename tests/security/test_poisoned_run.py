@@ -27,7 +27,9 @@ import pytest
 from astraflow.protocol.auth import NODE, TRAINER, derive_token
 from astraflow.protocol.bounds import MAX_IN_FLIGHT, MAX_METRIC_KEYS, MAX_NODES
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# nightly: every probe is a fast test of its own (tests/security/test_probes.py); this is the
+# same probes against one long live run
+pytestmark = [pytest.mark.nightly, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_STEPS = 12

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 from astraflow.envs.registry import default_registry
 from astraflow.tasks.base import UnknownTaskSetError
 from astraflow.tasks.catalog import default_task_sets, load_task_set
-from astraflow.tasks.data import DATA_DIR_ENV, DataFileMissing
+from astraflow.tasks.data import DATA_DIR_ENV, DataFileMissing, data_dir
 from astraflow.tasks.math_sets import TaskFormatError, gsm8k_final_answer
 
-DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+DATA = data_dir()
 needs_data = pytest.mark.skipif(
     not (DATA / "math" / "gsm8k_test.jsonl").is_file(),
     reason=f"real math data not found at {DATA} (shared/data beside the repository)",

@@ -99,7 +99,7 @@ def test_normalize_body_reindents_to_the_prompt():
     assert ns["f"]() == 1
 
 
-@pytest.mark.slow
+@pytest.mark.nightly  # the HumanEval/MBPP data does not change between submissions
 @pytest.mark.parametrize("backend", REAL_BACKENDS)
 def test_humaneval_canonical_solutions_all_pass(backend):
     require_backend(backend)
@@ -109,14 +109,14 @@ def test_humaneval_canonical_solutions_all_pass(backend):
     assert {info["sandbox"]["backend"] for info in results.values()} == {backend}
 
 
-@pytest.mark.slow
+@pytest.mark.nightly  # the HumanEval/MBPP data does not change between submissions
 def test_humaneval_wrong_solutions_fail():
     results = run_all(humaneval(), lambda t: "    return None\n", fastest_backend())
     passing = [tid for tid, info in results.items() if info["pass_fraction"] == 1.0]
     assert not passing, f"a `return None` body passed: {passing}"
 
 
-@pytest.mark.slow
+@pytest.mark.nightly  # the HumanEval/MBPP data does not change between submissions
 def test_mbpp_canonical_pass_and_wrong_fail(shared_data):
     tasks = [t for split in MBPP_SPLITS for t in mbpp(split, data_dir=shared_data)]
     assert len(tasks) == 427
