@@ -9,17 +9,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import WholeRunOutsideSlowTier
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_fast_test_cannot_start_a_whole_run(tmp_path):
-    with pytest.raises(WholeRunOutsideSlowTier, match="whole run"):
+    # (tests/conftest.py's WholeRunOutsideSlowTier; not imported: several conftest.py files exist)
+    with pytest.raises(RuntimeError, match="starts a whole run") as refused:
         subprocess.Popen(
             [sys.executable, "-m", "astraflow.cli.main", "train", "recipes/quickstart.toml"],
             cwd=REPO,
         )
+    assert type(refused.value).__name__ == "WholeRunOutsideSlowTier"
 
 
 def test_a_fast_test_starts_at_most_one_service_process():
@@ -30,7 +31,7 @@ def test_a_fast_test_starts_at_most_one_service_process():
         timeout=120,
     )
     assert first.returncode == 0, first.stderr
-    with pytest.raises(WholeRunOutsideSlowTier, match="second service"):
+    with pytest.raises(RuntimeError, match="second service process"):
         subprocess.Popen([sys.executable, "-m", "astraflow.cli.main", "serve", "--help"])
 
 
