@@ -28,6 +28,15 @@ services run, so the phases here last tens of seconds, not the minutes to hours 
 slowdowns: a grow pays that start once per slow phase, which weighs on ``time_to_acc_ratio`` in
 proportion to how short the phase is.
 
+Measured while setting the controller. The first controller (grow by the targets' shortfall, shrink
+on one snapshot of free slots) ramped 2 -> 3 -> 4 one node per ~10 s start-up, then flapped 4 -> 1
+-> 3 at the slow phase's end: node-seconds 0.90 of the fixed pool, time 1.32. The Little's-law
+controller reaches 4 nodes within 3-8 s of the slow phase and never shrinks into a regrow; over four
+runs, time to accuracy 0.84-1.06 of the fixed pool and node-seconds 0.75-0.98, the spread being the
+fixed run's own (83-114 s). The 0.8 node-second target is not met here: the tiny model's trainer
+takes 15-20 groups a second while a node supplies 6-8 in the fast phase, so fast phases fill every
+node too.
+
     python bench/autoscale.py --quick --json /tmp/autoscale.json   # < 3 min on 2 cores
     python bench/autoscale.py --json docs/results/autoscale.json
 """

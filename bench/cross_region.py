@@ -31,6 +31,11 @@ fetches each file once over the link from the trainer's weight server; its nodes
 Needs root, iproute2 and /dev/net/tun; skips with the reason otherwise (the JSON then says
 ``skipped``). Everything it creates (namespaces, devices, routes, processes) is removed on exit.
 
+Measured on the emulated link: TCP connect RTT 101-103 ms, a 4.6 MB transfer ~1 s. A plain file
+cache in the region let ~1.5 copies of each version cross the link with 3 nodes (hence snapshots
+rebuilt from deltas), and in an early run a 12 s partition filled asyncio's default thread pool with
+stuck relays so the region never synced again (hence async relays with bounded timeouts).
+
     python bench/cross_region.py --quick --json out.json     # ~2-3 min, 12 s partition
     python bench/cross_region.py --json out.json              # 30 s partition, longer run
 """

@@ -20,6 +20,16 @@ Reports per phase: episode pushes/s, push latency p50/p99, lease latency p50/p99
 service CPU seconds per 1k pushes (and pushes per service CPU-second: the least noisy figure on a
 shared machine), SQLite commits per second (group commit at work).
 
+Measured while building it (py-spy and a per-operation timer on the writer, 256 clients). With nodes
+in the bench's own process polling with ``wait_s=0`` and a trainer sleeping 0.5 s a step, the
+service spent 51 % of its samples in asyncio plumbing, 24 % parsing HTTP, 3 % in pushes (7.2 ms CPU
+a push) and throughput was the trainer's ~128 pushes/s; httpx cost about three times aiohttp's CPU a
+request. Writing samples with their group id from insertion cut a group's completion from ~88 to ~34
+us a push; per operation on the writer (wall ms) lease 0.52 -> 0.33, lease pass 6.4 -> 4.4, batch
+5.7 -> 3.6, push 0.27 (0.15 ms of it thread CPU: the rest is taking the GIL back). Group commit:
+11-28 operations per commit; a longer WAL checkpoint interval and run-length-coded masks (twice
+zlib's ~8 us an array) were tried and dropped.
+
     python bench/dataflow_load.py --quick --json out.json
     python bench/dataflow_load.py --clients 64 256 --duration 30 --synchronous NORMAL
 """

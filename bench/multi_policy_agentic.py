@@ -32,6 +32,34 @@ the ratio of those times' censored medians; and
 JSON per system: ``<system>.solver.final_acc``, ``<system>.verifier.final_acc``,
 ``<system>.samples_per_s``, ``<system>.trainer_idle``, ``<system>.episodes_in_flight``.
 
+Measured while setting the recipe (pilot runs on a shared 2-core machine; the bench's own figures
+are in docs/results.md). Verifier warm-up (``warmup_steps = 4``): without it, one async seed's first
+batch held four "1" verdicts and no "0" and the verifier locked onto accepting everything (held-out
+0.278 against lock-step's 0.652); with it, none of eight async verifiers locked onto one verdict
+(finals 0.460-0.748, where accepting everything scores ~0.28 and rejecting everything ~0.72).
+Importance-ratio cap: async trains the verifier on samples ~0.9 versions old and a learned verdict's
+log-probs move 0.1-2.3 nats a step, so the step's largest ratio exceeded 2 in 14 of 17 stale steps
+(8 in 5). Held-out verifier accuracy at steps 10/12/14 on 3 async seeds: cap 8 0.38/0.50/0.57,
+0.60/0.68/0.71, 0.35/0.43/0.51 against cap 2's 0.33/0.37/0.57, 0.37/0.46/0.53, 0.22/0.24/0.40; M2PO
+0.44/0.52/0.57, 0.28/0.37/0.49, 0.35/0.44/0.50; groups of 4 x 32 a step no gain; ``max_lag = 1``
+trained 293 s against lock-step's 326 s. The per-seed lock-step target was dropped after the first
+3-seed run: seed 2's async solver peaked 0.004 short of its own seed's noisy target.
+
+Reading the figures: a policy whose lock-step runs end no better than they started has no target, so
+the headline is decided by the policies lock-step improved. Over the recipe's 20 steps the solver's
+greedy first answer gains 2-4 points (one or two evaluation standard errors, so the paired accuracy
+gap says more), and the verifier's verdict gains 54-64 points and decides the headline. Lock-step's
+verifier ends between 0.61 and 0.71 over 5 seeds, and a few points on that level move its time by
+several steps in both modes; the table therefore gives both the final accuracies at equal trained
+samples and the time to lock-step's final accuracy.
+
+Longer horizon (``--steps 30``, 5 seeds, ~1 h): train 489 s lock-step vs 149 s async, samples/s
+3.27x; levels solver 0.298, verifier 0.572; the verifier 3.08x sooner, the solver 3.82x, both
+policies per seed 4.37x [95% 2.50-7.66x] over the 4 seeds where both systems reached both levels;
+final accuracies at equal trained samples, async - lock-step, solver +0.009 [-0.017, +0.035],
+verifier +0.039 [-0.049, +0.127]. Every async verifier passes 0.5 within 80 s, every lock-step one
+after 145-295 s.
+
     python bench/multi_policy_agentic.py --quick --json /tmp/mpa.json     # 1 seed, 2 steps, < 3 min
     python bench/multi_policy_agentic.py --json docs/results/multi_policy_agentic.json
 """

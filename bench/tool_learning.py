@@ -15,6 +15,14 @@ Figures (per seed, then median and range over seeds, and a 95 % interval of the 
 called a tool and whose every call parsed (hermes), ``invalid_call_rate`` episodes ended by a
 call that did not parse, ``no_call_rate`` episodes answered without a tool.
 
+Measured while choosing the warm start and the learning rate. ``builtin:tiny-tools`` built for
+500 steps: 37 % of sampled episodes made a correct call but 16 % succeeded (copying the result into
+the answer is learnt late), and RL moved success +10.5 and -1 points in two seeds; built for 1,500
+steps: 44 % correct calls, 39 % success (greedy 95 %). Learning rate, ``--quick`` runs from that
+start: at 5e-4 sampled success fell from 44 % to 0 % between steps 8 and 12 (calls stopped parsing,
+every group failed, ``zero_variance_filter`` dropped them all); 1e-4 and 2e-4 gained +30.5 and +32.5
+points held out, valid calls 88-94 %, answers without the tool 2.5-5 %.
+
     python bench/tool_learning.py [--quick] [--json PATH] [--seeds 0,1,2] [--workdir DIR]
 
 ``--quick``: one seed, 20 optimizer steps, 100 problems x 2 samples per evaluation (about 4

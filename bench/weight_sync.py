@@ -13,6 +13,10 @@ published (JSON ``delta_over_full_rl_lr``, target <= 0.03). Reports per case:
   next to a plain ``copy_`` of the same state (memcpy) and the sha256 state digest;
 * end-to-end seconds for a real client to move from v to v+1 over loopback HTTP by delta (fetch,
   verify, apply, digest check) and by full snapshot (fetch, verify, load).
+
+Measured (``rl-bfloat16``): a step changes 2-4 % of the bf16 elements, nearly all by one ulp;
+int32 indices plus raw values give delta/full 0.077, gap varints + zlib with raw values ~0.036, a
+zlib'd bitmask 0.04-0.05, the ``coded`` entries 0.019.
 """
 
 from __future__ import annotations
