@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+
+from astraflow.launch.text import safe_text
 
 if TYPE_CHECKING:
     from astraflow.protocol.client import SyncDataflowClient
@@ -21,8 +22,14 @@ EXIT_UNAVAILABLE = 2
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    # The message is plain text (recipe errors contain "[section]"), never rich markup.
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    # The message is plain text (recipe errors contain "[section]"), never rich markup; it may
+    # quote what nodes sent (an episode error, a service log's tail): cleaned of control
+    # characters and escaped by the one helper (astraflow.launch.text.safe_text)
+    err_console.print(
+        f"[bold red]error:[/] {safe_text(message, None, multiline=True)}",
+        highlight=False,
+        soft_wrap=True,
+    )
     raise typer.Exit(code)
 
 

@@ -184,8 +184,11 @@ def default_report_path(policy: str, name: str, split: str) -> Path:
 def render_summary(report: dict):
     from rich.table import Table
 
+    from astraflow.launch.text import safe_text
+
     s, m = report["summary"], report["meta"]
-    t = Table(title=f"{m['task_set']}:{m['split']} on {m['env']} (weights v{m['weight_version']})")
+    where = safe_text(f"{m['task_set']}:{m['split']} on {m['env']}")
+    t = Table(title=f"{where} (weights v{m['weight_version']})")
     t.add_column("metric")
     t.add_column("value", justify="right")
     t.add_row("tasks", str(s["tasks"]))
@@ -361,11 +364,16 @@ def render_tables(report: dict) -> list:
     histogram)."""
     from rich.table import Table
 
+    from astraflow.launch.text import safe_text
+
     tables = []
     for family, fam in report["tasks"].items():
+        # type and status names come from the tasks' data and the env: escaped, cleaned
         t = Table(
-            title=f"AgentBench {family} ({report['meta'].get('split')}, agent "
-            f"{report['meta'].get('agent')})",
+            title=safe_text(
+                f"AgentBench {family} ({report['meta'].get('split')}, agent "
+                f"{report['meta'].get('agent')})"
+            ),
             show_lines=False,
         )
         t.add_column("metric")
@@ -379,9 +387,9 @@ def render_tables(report: dict) -> list:
             t.add_row("overall_cat_accuracy", f"{fam['overall_cat_accuracy']:.1%}")
         for typ, slot in fam.get("by_type", {}).items():
             acc = slot["passed"] / slot["total"] if slot["total"] else 0.0
-            t.add_row(f"  {typ}", f"{slot['passed']}/{slot['total']} ({acc:.0%})")
+            t.add_row(f"  {safe_text(typ, 80)}", f"{slot['passed']}/{slot['total']} ({acc:.0%})")
         for status, count in sorted(fam["status"].items()):
-            t.add_row(f"status: {status}", str(count))
+            t.add_row(f"status: {safe_text(status, 80)}", str(count))
         tables.append(t)
     return tables
 

@@ -7,6 +7,8 @@ from pathlib import Path
 import typer
 from astraflow.cli.common import console, fail
 
+from astraflow.launch.text import safe_text
+
 
 def report(run_dir: Path = typer.Argument(..., help="Run directory")) -> None:
     """Write PNG plots (reward, eval accuracy, throughput, staleness) and a markdown summary."""
@@ -17,4 +19,5 @@ def report(run_dir: Path = typer.Argument(..., help="Run directory")) -> None:
     except FileNotFoundError as exc:
         fail(str(exc))
     console.print(f"wrote {out / 'overview.png'} and {out / 'summary.md'}")
-    console.print((out / "summary.md").read_text(), markup=False)
+    summary = (out / "summary.md").read_text()
+    console.print(safe_text(summary, None, markup=False, multiline=True), markup=False)

@@ -33,12 +33,16 @@ def status(
 
     from astraflow.launch.live import render as render_status
     from astraflow.launch.scaling import describe_log
+    from astraflow.launch.text import safe_text
     from astraflow.protocol.client import DataflowClientError
 
     def render(doc):
         line = describe_log(run_dir / "autoscale.jsonl") if run_dir is not None else None
         view = render_status(doc)
-        return view if line is None else Group(Text(line, style="cyan", overflow="fold"), view)
+        if line is None:
+            return view
+        line = safe_text(line, None, markup=False)
+        return Group(Text(line, style="cyan", overflow="fold"), view)
 
     with dataflow_client(url, token, ca_file) as client:
         try:
@@ -55,7 +59,8 @@ def status(
                     try:
                         doc = client.status()
                     except DataflowClientError as exc:
-                        live.update(Text(f"status unavailable: {exc}", style="red"))
+                        why = safe_text(f"status unavailable: {exc}", 500, markup=False)
+                        live.update(Text(why, style="red"))
                         continue
                     live.update(render(doc))
                     if doc.done:

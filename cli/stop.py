@@ -10,6 +10,8 @@ from pathlib import Path
 import typer
 from astraflow.cli.common import CA_FILE_OPTION, console, dataflow_client, fail
 
+from astraflow.launch.text import safe_text
+
 
 def stop(
     url: str = typer.Argument(..., help="Dataflow service URL, e.g. http://127.0.0.1:8700"),
@@ -27,4 +29,5 @@ def stop(
             ack = client.stop_run(reason)
         except DataflowClientError as exc:
             fail(str(exc))
-    console.print(ack.detail or "run stopped", highlight=False)
+    # the service's words (they may quote the --reason or a node's): text, not markup
+    console.print(safe_text(ack.detail or "run stopped", 2000, multiline=True), highlight=False)

@@ -31,6 +31,7 @@ def train(
     from astraflow.launch.exits import exit_summary
     from astraflow.launch.live import MetricsTail, render_status, status_line
     from astraflow.launch.local import LaunchError, LocalLauncher, install_sigint, prepare_run
+    from astraflow.launch.text import safe_text
     from astraflow.recipe import RecipeError
 
     try:
@@ -48,7 +49,8 @@ def train(
         launcher = LocalLauncher(rec, run_dir, resume=resume)
     install_sigint(launcher)
     console.print(
-        f"[bold]astraflow[/] run [cyan]{rec.run.name}[/] → {run_dir}  (mode {rec.run.mode})"
+        f"[bold]astraflow[/] run [cyan]{safe_text(rec.run.name)}[/] → {safe_text(run_dir, None)}"
+        f"  (mode {safe_text(rec.run.mode)})"
     )
     started = time.time()
     outcome = "interrupted"
@@ -129,7 +131,7 @@ def train(
             out = write_report(run_dir)
             console.print(f"report: {out}")
         except Exception as exc:  # the run itself succeeded; a plotting problem must not hide that
-            console.print(f"[yellow]report failed: {exc}[/]")
+            console.print(f"[yellow]report failed: {safe_text(exc, 2000, multiline=True)}[/]")
     if outcome == "timeout":
         raise typer.Exit(3)
     if outcome == "interrupted":

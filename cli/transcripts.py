@@ -67,22 +67,32 @@ def print_transcript(t) -> None:
     from rich.panel import Panel
     from rich.text import Text
 
+    from astraflow.launch.text import safe_text
+
+    # Everything here is what a rollout node sent (ids, roles, the policy's and the env's text,
+    # the error): Text objects (never parsed as markup) of text cleaned of control characters.
+    def plain(value, limit: int | None = 200, multiline: bool = False) -> str:
+        return safe_text(value, limit, markup=False, multiline=multiline)
+
     r = t.record
-    rewards = ", ".join(f"{role} {v:.3f}" for role, v in r.rewards.items()) or "-"
-    adv = ", ".join(f"{role} {v:+.3f}" for role, v in r.advantages.items())
-    title = f"step {r.step} · {r.episode_id}"
+    rewards = ", ".join(f"{plain(role, 60)} {v:.3f}" for role, v in r.rewards.items()) or "-"
+    adv = ", ".join(f"{plain(role, 60)} {v:+.3f}" for role, v in r.advantages.items())
+    title = f"step {r.step} · {plain(r.episode_id)}"
     body = Text()
-    body.append(f"task {r.task_id} · {r.finish_reason} · reward {rewards}", style="bold")
+    body.append(
+        f"task {plain(r.task_id)} · {plain(r.finish_reason, 60)} · reward {rewards}", style="bold"
+    )
     body.append((f" · advantage {adv}" if adv else "") + "\n", style="bold")
     for turn in t.turns:
-        who = turn.role if turn.source == "policy" else f"{turn.role} (context)"
+        role = plain(turn.role, 60)
+        who = role if turn.source == "policy" else f"{role} (context)"
         versions = f" v{','.join(map(str, turn.versions))}" if turn.versions else ""
         style = "bold green" if turn.source == "policy" else "cyan"
         body.append(f"{who}{versions} · {turn.tokens} tokens\n", style=style)
-        body.append(turn.text.rstrip() + "\n")
+        body.append(plain(turn.text, None, multiline=True).rstrip() + "\n")
     if r.error:
-        body.append(f"error: {r.error}\n", style="red")
-    policies = ", ".join(f"{role}→{p}" for role, p in r.policy.items())
+        body.append(f"error: {plain(r.error, 4000, multiline=True)}\n", style="red")
+    policies = ", ".join(f"{plain(role, 60)}→{plain(p, 80)}" for role, p in r.policy.items())
     # Text, not markup: task ids hold ':' pairs that rich would read as emoji codes (':train:')
     console.print(
         Panel(body, title=Text(title), subtitle=Text(policies), title_align="left"),

@@ -57,27 +57,32 @@ class _TierGuard:
     def __init__(self) -> None:
         self.tier: str | None = None
         self.item: str = ""
-        self.services = 0
+        #: the ``serve`` processes this test started (a service set is several alive at once)
+        self.services: list[subprocess.Popen] = []
+        #: the test is marked ``refused_before_start``: its ``train`` must fail before any service
+        self.train_refused = False
 
-    def check(self, args: object) -> None:
+    def check(self, args: object) -> bool:
+        """Raise for a refused command; True when ``args`` starts a service to keep track of."""
         if self.tier != "fast" or not isinstance(args, Sequence) or isinstance(args, str | bytes):
-            return
+            return False
         argv = [str(a) for a in args]
         command = _astraflow_command(argv)
         if command is None:
-            return
-        if command[:1] == ["train"] and "--dry-run" not in command:
+            return False
+        if command[:1] == ["train"] and "--dry-run" not in command and not self.train_refused:
             raise WholeRunOutsideSlowTier(
                 f"{self.item} starts a whole run ({' '.join(argv[-len(command) :])}) in the fast "
                 "tier: mark it slow, or assert its property in a shared run of the slow tier"
             )
-        if command[:1] == ["serve"]:
-            self.services += 1
-            if self.services > 1:
+        if command[:1] == ["serve"] and "--help" not in command:
+            if any(p.poll() is None for p in self.services):
                 raise WholeRunOutsideSlowTier(
                     f"{self.item} starts a second service process ({' '.join(command[:2])}) in "
-                    "the fast tier (at most one): mark it slow"
+                    "the fast tier while another runs (at most one at a time): mark it slow"
                 )
+            return True
+        return False
 
 
 def _astraflow_command(argv: list[str]) -> list[str] | None:
@@ -96,8 +101,10 @@ def pytest_configure(config: pytest.Config) -> None:
     original = subprocess.Popen.__init__
 
     def guarded_init(self, args, *rest, **kwargs):
-        _GUARD.check(args)
+        service = _GUARD.check(args)
         original(self, args, *rest, **kwargs)
+        if service:
+            _GUARD.services.append(self)
 
     subprocess.Popen.__init__ = guarded_init  # type: ignore[method-assign]
 
@@ -118,7 +125,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    _GUARD.tier, _GUARD.item, _GUARD.services = tier_of(item), item.nodeid, 0
+    _GUARD.tier, _GUARD.item, _GUARD.services = tier_of(item), item.nodeid, []
+    _GUARD.train_refused = item.get_closest_marker("refused_before_start") is not None
     start = time.monotonic()
     try:
         return (yield)

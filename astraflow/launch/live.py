@@ -4,6 +4,10 @@
 queues, nodes, versions, buffers, drops and evaluations; when the run directory is at hand, the
 newest ``step`` record per policy in ``metrics.jsonl`` adds reward, throughput and staleness, so
 the view needs no extra endpoint.
+
+Every text the status document carries (node ids, names, regions, episode errors, policy and task
+set names) passes through :func:`astraflow.launch.text.safe_text` before it reaches Rich: rollout
+nodes are not trusted, and Rich reads a ``str`` as markup and passes escape sequences through.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from astraflow.launch.text import safe_text
 from astraflow.launch.tracking import JsonlFollower
 from astraflow.protocol.messages import EvaluationResult
 from astraflow.protocol.status import DataflowStatus
@@ -73,7 +78,8 @@ def latest_evals(st: DataflowStatus) -> dict[str, EvaluationResult]:
 
 
 def _counts(d: dict[str, int]) -> str:
-    return " ".join(f"{k}:{v}" for k, v in d.items()) or "-"
+    """``k:v`` pairs, plain (not escaped: callers escape or put it in a ``Text``)."""
+    return " ".join(f"{safe_text(k, 60, markup=False)}:{v}" for k, v in d.items()) or "-"
 
 
 def _age(seconds: float) -> str:
@@ -81,29 +87,34 @@ def _age(seconds: float) -> str:
 
 
 def drop_text(st: DataflowStatus) -> str:
-    """Samples dropped, by policy and reason, in full (no column to truncate them)."""
+    """Samples dropped, by policy and reason, in full (no column to truncate them). Plain text,
+    cleaned of control characters, not markup-escaped."""
     parts = []
     for name, p in sorted(st.policies.items()):
         if p.dropped:
-            counts = ", ".join(f"{k} {v:,}" for k, v in sorted(p.dropped.items()))
-            parts.append(f"{name}: {counts}")
+            counts = ", ".join(
+                f"{safe_text(k, 80, markup=False)} {v:,}" for k, v in sorted(p.dropped.items())
+            )
+            parts.append(f"{safe_text(name, 80, markup=False)}: {counts}")
     return "; ".join(parts)
 
 
 def error_texts(st: DataflowStatus, width: int = 160) -> list[str]:
     """Failed episodes by reason with the first message of each:
-    ``episode_error: 849 — BadRequest: prompt has 443 tokens; the model's context is 256``."""
+    ``episode_error: 849 — BadRequest: prompt has 443 tokens; the model's context is 256``.
+    Plain text (the message is a node's: cleaned of control characters, not markup-escaped)."""
     out = []
     for reason, e in sorted(st.errors.items()):
-        first = " ".join(e.first.split())
-        if len(first) > width:
-            first = first[: width - 1] + "…"
+        first = safe_text(" ".join(safe_text(e.first, None, markup=False).split()), width,
+                          markup=False)  # fmt: skip
+        reason = safe_text(reason, 80, markup=False)
         out.append(f"{reason}: {e.count:,}" + (f" — {first}" if first else ""))
     return out
 
 
 def problem_lines(st: DataflowStatus) -> list[str]:
-    """What the views show under the policy table: drops in full, then errors."""
+    """What the views show under the policy table: drops in full, then errors (plain text, for
+    a ``Text``)."""
     lines = []
     drops = drop_text(st)
     if drops:
@@ -114,14 +125,16 @@ def problem_lines(st: DataflowStatus) -> list[str]:
 
 def nodes_not_listed(st: DataflowStatus) -> str | None:
     """A line for the registered nodes the status document does not list (a large pool: it
-    lists a bounded number of them and counts all in ``node_summary``), or None."""
+    lists a bounded number of them and counts all in ``node_summary``), or None. Plain text
+    (region names are the nodes': cleaned, not markup-escaped), for a ``Text``."""
     s = st.node_summary
     shown = sum(1 for n in st.nodes if n.state != "left")
     registered = s.active + s.silent
     if registered <= shown:
         return None
     regions = ", ".join(
-        f"{name or '-'} {r.active}" + (f" (+{r.silent} silent)" if r.silent else "")
+        f"{safe_text(name, 60, markup=False) or '-'} {r.active}"
+        + (f" (+{r.silent} silent)" if r.silent else "")
         for name, r in s.regions.items()
     )
     return (
@@ -139,14 +152,18 @@ def render(st: DataflowStatus, tail: MetricsTail | None = None) -> Group:
     done = "[green]done[/]" if st.done else "[yellow]running[/]"
     round_ = f"  round {st.round}" if st.round is not None else ""
     header = Text.from_markup(
-        f"[bold]{st.run}[/]  mode {st.mode}{round_}  {done}  "
+        f"[bold]{safe_text(st.run)}[/]  mode {safe_text(st.mode, 40)}{round_}  {done}  "
         f"episodes {st.episodes} ({st.episodes_per_s:.2f}/s)  "
         f"tasks done {st.tasks_done}  in-flight leases {st.in_flight_leases}"
         f"  expired {st.expired_leases}"
         + (f"  saved episodes {st.saved_episodes}" if st.saved_episodes else "")
     )
     header.append(
-        "\nqueue: " + (", ".join(f"{k} {v}" for k, v in sorted(st.queue.items())) or "empty")
+        "\nqueue: "
+        + (
+            ", ".join(f"{safe_text(k, 80, markup=False)} {v}" for k, v in sorted(st.queue.items()))
+            or "empty"
+        )
     )
 
     evals = latest_evals(st)
@@ -160,7 +177,7 @@ def render(st: DataflowStatus, tail: MetricsTail | None = None) -> Group:
     for name, p in sorted(st.policies.items()):
         ev = evals.get(name)
         row = [
-            name + ("" if p.trainable else " (frozen)"),
+            safe_text(name, 80) + ("" if p.trainable else " (frozen)"),
             f"{p.steps}/{p.max_steps}",
             _fmt(p.latest_version),
             f"{ev.accuracy:.3f} @v{ev.version}" if ev else "-",
@@ -177,7 +194,7 @@ def render(st: DataflowStatus, tail: MetricsTail | None = None) -> Group:
             str(p.buffer_samples),
             str(p.unacked_batches),
             _fmt(p.trainer_idle, 2),
-            _counts(p.staleness),
+            safe_text(_counts(p.staleness), None),
         ]
         pol.add_row(*row)
 
@@ -197,17 +214,18 @@ def render(st: DataflowStatus, tail: MetricsTail | None = None) -> Group:
         nodes.add_column(col, overflow="fold")
     for n in st.nodes:
         color = {"active": "green", "silent": "red", "left": "dim"}.get(n.state, "white")
+        # every cell is the node's own text: escaped and cleaned (a node named "[/]" is a name)
         nodes.add_row(
-            n.id,
-            n.name,
-            n.region,
-            f"[{color}]{n.state}[/]",
+            safe_text(n.id, 80),
+            safe_text(n.name, 80),
+            safe_text(n.region, 60),
+            f"[{color}]{safe_text(n.state, 20)}[/]",
             _age(n.seconds_since_heartbeat) + " ago",
-            " ".join(f"{k}:v{v}" for k, v in n.versions.items()),
+            " ".join(f"{safe_text(k, 60)}:v{v}" for k, v in n.versions.items()),
             str(n.active_leases),
             str(n.episodes),
             f"{n.episodes_per_s:.2f}",
-            _fmt(n.metrics.get("tokens_per_s"), 0),
+            safe_text(_fmt(n.metrics.get("tokens_per_s"), 0), 20),
         )
 
     parts: list[RenderableType] = [header, pol]
@@ -224,10 +242,10 @@ def render(st: DataflowStatus, tail: MetricsTail | None = None) -> Group:
             table.add_column(col, overflow="fold")
         for e in st.evaluations:
             table.add_row(
-                e.policy,
+                safe_text(e.policy, 80),
                 str(e.version),
                 str(e.step),
-                f"{e.task_set}/{e.split}",
+                safe_text(f"{e.task_set}/{e.split}", 120),
                 f"{e.completed}/{e.num_tasks}" + (" done" if e.done else ""),
                 _fmt(e.accuracy),
                 str(e.errors),
@@ -247,15 +265,18 @@ def render_status(
     """The launcher's live view: :func:`render` under a line with the elapsed time and the state
     of each process the launcher started, and the autoscaler's line (pool, figures, decisions)
     when it runs."""
+    title = f"astraflow · {safe_text(run_dir, None)}"
     if st is None:
-        return Panel("waiting for the dataflow service…", title=f"astraflow · {run_dir}")
+        return Panel("waiting for the dataflow service…", title=title)
     procs = "  ".join(
         f"{s.name}:{'up' if s.alive() else f'exit {s.returncode()}'}" for s in services
     )
-    head: list[RenderableType] = [f"elapsed {time.time() - started:5.0f}s · {procs}"]
+    head: list[RenderableType] = [
+        Text(safe_text(f"elapsed {time.time() - started:5.0f}s · {procs}", None, markup=False))
+    ]
     if autoscale:
-        head.append(Text(autoscale, style="cyan", overflow="fold"))
-    return Panel(Group(*head, render(st, tail)), title=f"astraflow · {run_dir}")
+        head.append(Text(safe_text(autoscale, None, markup=False), style="cyan", overflow="fold"))
+    return Panel(Group(*head, render(st, tail)), title=title)
 
 
 def status_line(
@@ -264,8 +285,8 @@ def status_line(
     tail: MetricsTail | None = None,
     autoscale: str | None = None,
 ) -> str:
-    """One plain line per update, for logs and non-terminal output (with the autoscaler's line
-    when it runs)."""
+    """One line per update, for logs and non-terminal output (with the autoscaler's line when it
+    runs): cleaned of control characters and markup-escaped, for ``console.print``."""
     if st is None:
         return f"[{elapsed:6.0f}s] waiting for the dataflow service"
     last = tail.poll() if tail else {}
@@ -288,4 +309,5 @@ def status_line(
         line += " | failed " + "; ".join(errors)
     if autoscale:
         line += " | " + autoscale
-    return line
+    # the whole line is plain text: one pass cleans and escapes what the nodes put in it
+    return safe_text(line, None)

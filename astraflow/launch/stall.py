@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from astraflow.launch.text import safe_text
 from astraflow.protocol.status import DataflowStatus
 
 #: drop reasons that mean "the episode failed", not "the group carried no signal"
@@ -22,7 +23,9 @@ ERROR_REASONS = ("episode_error", "env_timeout")
 
 @dataclass(frozen=True)
 class Stall:
-    """Why the run cannot progress; ``message`` says the cause and the fix."""
+    """Why the run cannot progress; ``message`` says the cause and the fix. It quotes what nodes
+    sent (episode errors, a transcript): plain text, cleaned of control characters by
+    :func:`~astraflow.launch.text.safe_text`, not markup-escaped (the printer escapes it)."""
 
     cause: str  # "episodes_failing" | "constant_reward" | "all_dropped"
     message: str
@@ -97,8 +100,8 @@ class StallWatch:
         lines = [f"{waited}: all {episodes:,} episodes since the last step failed."]
         for reason, n in sorted(errors.items(), key=lambda kv: -kv[1]):
             summary = st.errors.get(reason)
-            first = summary.first if summary else ""
-            lines.append(f"  {reason}: {n:,} — {first}")
+            first = safe_text(summary.first if summary else "", 500, markup=False)
+            lines.append(f"  {safe_text(reason, 80, markup=False)}: {n:,} — {first}")
         lines.append(
             "Fix the error above (the node logs in the run's logs/ folder have each traceback); "
             "`astraflow recipe check` resolves workflow names, agents and roles before a run."
@@ -106,7 +109,9 @@ class StallWatch:
         return "\n".join(lines)
 
     def _dropped(self, st: DataflowStatus, episodes: int, drops: dict[str, int], waited: str):
-        shown = ", ".join(f"{k} {v:,}" for k, v in sorted(drops.items()))
+        shown = ", ".join(
+            f"{safe_text(k, 80, markup=False)} {v:,}" for k, v in sorted(drops.items())
+        )
         rewards: dict[str, int] = {}
         for p in st.policies.values():
             if p.trainable:
@@ -115,6 +120,7 @@ class StallWatch:
         if set(drops) == {"zero_variance"} and len(rewards) == 1:
             reward = next(iter(rewards))
             transcript = self.first_transcript() if self.first_transcript else None
+            transcript = safe_text(transcript, 300, markup=False) if transcript else None
             seen = f" (first transcript: {transcript})" if transcript else ""
             return Stall(
                 "constant_reward",

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import typer
 from astraflow.cli.common import EXIT_UNAVAILABLE, unavailable
 from typer.testing import CliRunner
@@ -80,6 +81,7 @@ def test_unavailable_exits_2_with_a_clear_message():
     assert "`serve dataflow` is not available in this build yet" in result.output
 
 
+@pytest.mark.refused_before_start
 def test_unknown_command_and_bad_recipe_exit_nonzero(tmp_path: Path):
     assert run_cli("no-such-command").returncode == 2
     bad = tmp_path / "bad.toml"

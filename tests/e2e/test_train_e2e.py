@@ -1,4 +1,8 @@
-"""`astraflow train` end to end on the CPU: real services, real HTTP, real training steps."""
+"""`astraflow train` end to end on the CPU: the helpers the whole-run tests share (start a small
+quickstart, wait for a step, SIGKILL a service, check the final timeline).
+
+The whole runs themselves are shared: tests/e2e/conftest.py ``quickstart_run`` (checked in
+test_quickstart_run.py) and the kill/stop/Ctrl-C/resume run of test_restart_run.py."""
 
 from __future__ import annotations
 
@@ -47,65 +51,6 @@ def _train(
 def _records(run_dir: Path, kind: str) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, filter(None, lines)) if r.get("type") == kind]
-
-
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs")
-    proc = _train(out)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return out / "quickstart", proc
-
-
-def test_versions_advance_and_steps_are_logged(quick_run):
-    run_dir, _ = quick_run
-    steps = _records(run_dir, "step")
-    assert [r["step"] for r in steps] == [1, 2, 3, 4]
-    assert [r["version"] for r in steps] == [1, 2, 3, 4]
-
-
-def test_run_directory_is_complete(quick_run):
-    run_dir, _ = quick_run
-    for name in (
-        "recipe.toml",
-        "metrics.jsonl",
-        "dataflow.db",
-        "logs/dataflow.log",
-        "logs/trainer-policy.log",
-        "logs/node-0.log",
-        "report/overview.png",
-        "report/summary.md",
-    ):
-        assert (run_dir / name).exists(), name
-    evals = _records(run_dir, "eval")
-    assert evals and all(0.0 <= e["accuracy"] <= 1.0 and e["n"] == 16 for e in evals)
-    ckpts = sorted((run_dir / "checkpoints" / "policy").glob("checkpoint-*"))
-    assert ckpts, "no checkpoint written"
-    from transformers import AutoModelForCausalLM
-
-    AutoModelForCausalLM.from_pretrained(ckpts[-1])
-
-
-def test_nodes_follow_versions_by_delta(quick_run):
-    run_dir, _ = quick_run
-    log = (run_dir / "logs" / "node-0.log").read_text()
-    assert "(delta)" in log, log[-3000:]
-
-
-def test_every_task_consumed_once(quick_run):
-    run_dir, _ = quick_run
-    # no task lost, no task produced two accepted groups, no sample trained twice: the
-    # dataflow's own audit of its store, written as it stopped
-    audit = _records(run_dir, "run_summary")[-1]["audit"]
-    assert audit["tasks_lost"] == 0 and audit["tasks_duplicated"] == 0, audit
-    assert audit["samples_trained_twice"] == 0, audit
-
-
-def test_no_process_left(quick_run, still_running):
-    run_dir, _ = quick_run
-    pids = json.loads((run_dir / "pids.json").read_text())
-    assert set(pids) == {"dataflow", "trainer-policy", "node-0"}
-    assert still_running(pids) == []
 
 
 def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -194,51 +139,7 @@ def _assert_exact_timeline(run_dir: Path, max_steps: int) -> None:
     assert len(evals) == len(set(evals)) and set(evals) <= set(range(0, max_steps + 1))
 
 
-def test_dataflow_and_trainer_killed_mid_run_are_restarted(tmp_path, still_running):
-    """SIGKILL the dataflow, then the trainer: the launcher restarts both (the dataflow from its
-    store, the trainer from checkpoint-3 or -6, the steps after it replayed) and the run ends
-    with exactly max_steps steps."""
-    # 12 steps: the trainer, killed at step 5, must still be training when the signal lands
-    _, proc = _start(tmp_path, "run.restart_backoff_s=0.2", "run.max_steps=12")
-    run_dir = tmp_path / "quickstart"
-    try:
-        _kill_at_step(run_dir, proc, 3, "dataflow")
-        _kill_at_step(run_dir, proc, 5, "trainer-policy")
-        out, _ = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out[-3000:]
-    events = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
-    assert [(e["event"], e["service"]) for e in events] == [
-        ("crash", "dataflow"), ("restart", "dataflow"),
-        ("crash", "trainer-policy"), ("restart", "trainer-policy"),
-    ]  # fmt: skip
-    _assert_exact_timeline(run_dir, max_steps=12)
-    assert still_running(json.loads((run_dir / "pids.json").read_text())) == []
-
-
-def test_resume_after_the_dataflow_killed_ends_at_max_steps(tmp_path):
-    """No restarts allowed: SIGKILL of the dataflow fails the run; `--resume` then restarts the
-    trainer from its newest checkpoint, which is older than the steps the dataflow counted, and
-    the run still ends at exactly max_steps with version == step."""
-    argv, proc = _start(tmp_path, "run.max_restarts=0", "run.max_steps=12")
-    _fail_then_resume(tmp_path / "quickstart", argv, proc, 5, "dataflow")
-
-
-def test_resume_after_trainer_killed(tmp_path, still_running):
-    """Kill the trainer mid-run with restarts off; `astraflow train --resume` continues from its
-    checkpoint and replays the steps after it."""
-    argv, proc = _start(tmp_path, "run.max_restarts=0", "evaluation.every_steps=0",
-                        "run.max_steps=12")  # fmt: skip
-    run_dir = tmp_path / "quickstart"
-    before = _fail_then_resume(run_dir, argv, proc, 4, "trainer-policy")
-    # steps up to checkpoint-3 were kept; the ones after it were trained again on the same batches
-    after = {r["step"]: r["batch_id"] for r in _records(run_dir, "step")}
-    assert all(after[r["step"]] == r["batch_id"] for r in before)
-    assert still_running(json.loads((run_dir / "pids.json").read_text())) == []
-
-
+# a stopped run cannot be resumed, so `astraflow stop` gets a run of its own
 def test_astraflow_stop_ends_a_run_with_a_checkpoint_and_every_service_exiting_0(tmp_path):
     """`astraflow stop URL --token SECRET` mid-run: the trainer checkpoints the step it reached
     (checkpoint_every is past the run, so only the stop writes one) and exits 0, the node drains

@@ -1,84 +1,20 @@
 """`astraflow train` with a two-process trainer (torchrun, gloo on CPU) under the local launcher.
 
 Rank 0 alone pulls batches, acknowledges and publishes; rank 1 trains its share of every batch.
-A killed trainer (torchrun and its ranks) is restarted from its checkpoint, and the run still
-ends with every step trained exactly once.
+The whole runs with two trainer processes are the shared ones: tests/e2e/test_quickstart_run.py
+(each step trained and published once) and tests/e2e/test_restart_run.py (a killed two-process
+trainer is restarted, its ranks die with it, every step trained once). Here: the command line.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 from pathlib import Path
 
 import pytest
-from test_train_e2e import (
-    _assert_exact_timeline,
-    _kill_at_step,
-    _records,
-    _start,
-    _train,
-)
 
 TWO = "policies.policy.trainer.processes=2"
-
-
-def _children(pid: int) -> list[int]:
-    """PIDs whose parent is ``pid`` (torchrun's ranks)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
-@pytest.mark.slow
-def test_quickstart_with_two_trainer_processes(tmp_path):
-    proc = _train(tmp_path, TWO)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    run_dir = tmp_path / "quickstart"
-    _assert_exact_timeline(run_dir, max_steps=4)
-    log = (run_dir / "logs" / "trainer-policy.log").read_text()
-    assert "trainer rank 1 (rank 0 talks to the dataflow)" in log  # two ranks really ran
-    published = re.findall(r"published policy v(\d+)", log)
-    assert published == ["0", "1", "2", "3", "4"]  # exactly one publication per step
-    # every sample of each global batch was trained (rank 0 reports the gathered count)
-    steps = _records(run_dir, "step")
-    assert all(r["metrics"]["samples"] == 8.0 for r in steps), [r["metrics"] for r in steps]
-
-
-@pytest.mark.slow
-def test_two_process_trainer_killed_is_restarted_and_trains_each_step_once(tmp_path, still_running):
-    _, proc = _start(tmp_path, TWO, "run.restart_backoff_s=0.2", "run.max_steps=10",
-                     "evaluation.every_steps=0")  # fmt: skip
-    run_dir = tmp_path / "quickstart"
-    try:
-        from test_train_e2e import _wait_for_step
-
-        _wait_for_step(run_dir, 4, proc)
-        torchrun = json.loads((run_dir / "pids.json").read_text())["trainer-policy"]
-        ranks = _children(torchrun)
-        assert len(ranks) == 2, ranks
-        _kill_at_step(run_dir, proc, 4, "trainer-policy")
-        out, _ = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out[-3000:]
-    events = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
-    assert [(e["event"], e["service"]) for e in events] == [
-        ("crash", "trainer-policy"), ("restart", "trainer-policy"),
-    ]  # fmt: skip
-    _assert_exact_timeline(run_dir, max_steps=10)
-    # the killed trainer's ranks died with it
-    assert still_running({f"rank {i}": pid for i, pid in enumerate(ranks)}) == []
-    pids = json.loads((run_dir / "pids.json").read_text())
-    assert still_running(pids) == []
 
 
 def test_two_process_command_line(tmp_path):
@@ -116,6 +52,7 @@ def test_processes_must_be_positive():
         load_recipe(root / "recipes" / "quickstart.toml", ["policies.policy.trainer.processes=0"])
 
 
+@pytest.mark.refused_before_start
 def test_missing_accelerate_config_fails_before_anything_starts(tmp_path):
     import sys
 

@@ -1,72 +1,16 @@
-"""`astraflow eval agentbench`: a real tiny policy end to end, the oracle's JSON report, bad input,
-and checkpoint resolution of run directories."""
+"""`astraflow eval agentbench`: the oracle's JSON report, bad input and checkpoint resolution of run
+directories. A real tiny policy end to end (a trained checkpoint of it) is in
+tests/envs/test_agentbench_recipes.py, on the CPU recipe's training run."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from agentbench_helpers import need_data
 from astraflow.cli.eval import resolve_policy
 from astraflow.cli.main import app
 from typer.testing import CliRunner
-
-
-@pytest.mark.slow  # trains and evaluates end to end
-def test_tiny_policy_end_to_end(tmp_path):
-    data = need_data()
-    from astraflow.models import resolve_model
-
-    try:
-        resolve_model("builtin:tiny-arith")
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-    from astraflow.envs.agentbench.os.sandbox import docker_available, overlay_problem
-
-    if not docker_available() and overlay_problem() is not None:
-        pytest.skip(f"no OS sandbox for the os family: {overlay_problem()}")
-    out = tmp_path / "results.json"
-    # the tiny model has a 256-token context, so the prompt is cut to the latest tokens
-    cmd = [
-        sys.executable,
-        "-m",
-        "astraflow.cli.main",
-        "eval",
-        "agentbench",
-        "--policy",
-        "builtin:tiny-arith",
-        "--tasks",
-        "dbbench,os",
-        "--limit",
-        "2",
-        "--data",
-        str(data),
-        "--device",
-        "cpu",
-        "--max-tokens",
-        "16",
-        "--overflow",
-        "truncate",
-        "--concurrency",
-        "2",
-        "--out",
-        str(out),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "AgentBench dbbench" in proc.stdout and "AgentBench os" in proc.stdout
-    report = json.loads(out.read_text())
-    assert report["meta"]["policy"] == "builtin:tiny-arith"
-    for family in ("dbbench", "os"):
-        fam = report["tasks"][family]
-        assert fam["total"] == 2 and fam["skipped"] == 0
-        assert 0.0 <= fam["success_rate"] <= 1.0 and sum(fam["status"].values()) == 2
-        for sample in report["samples"][family]:
-            assert sample["replies"] and sample["turns"] >= 1  # the model really generated
-            assert sample["status"] != "task error", sample
-    assert set(report["tasks"]["dbbench"]["by_type"]) <= {"other", "comparison", "counting"}
 
 
 def test_oracle_report_json_and_tables(tmp_path):

@@ -119,19 +119,21 @@ def test_cpu_recipe_rollout_group_with_tiny_policy(name, monkeypatch):
         assert ep.rewards["agent"] in (0.0, 1.0)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", CPU)
-def test_cpu_recipe_trains_end_to_end(name, tmp_path):
-    """`astraflow train` on the CPU recipe: every service starts, rollouts run in the real envs and
-    the trainer commits its 3 optimizer steps; the run's checkpoint then serves `eval agentbench`."""
+@pytest.fixture(scope="module")
+def db_run(tmp_path_factory):
+    """`astraflow train` on the CPU DB recipe (its 3 optimizer steps). One recipe trains: the three
+    CPU recipes share the trainer side, and each one's rollouts run through the real workflow, envs
+    and engine in test_cpu_recipe_rollout_group_with_tiny_policy above."""
     import json
     import os
     import subprocess
     import sys
 
     data = need_data()
+    name = "agentbench_db.toml"
     recipe = load_recipe(RECIPES / name)
     need_env_backend(recipe)
+    tmp_path = tmp_path_factory.mktemp("agentbench-db")
     env = {**os.environ, "ASTRAFLOW_AGENTBENCH_DATA": str(data)}
     cmd = [sys.executable, "-m", "astraflow.cli.main", "train", str(RECIPES / name), "--no-live",
            "--timeout", "400", "--set", f"run.output_dir={tmp_path}"]  # fmt: skip
@@ -143,8 +145,51 @@ def test_cpu_recipe_trains_end_to_end(name, tmp_path):
         for line in (run_dir / "metrics.jsonl").read_text().splitlines()
         if '"type": "step"' in line
     ]
+    return run_dir, steps, data
+
+
+@pytest.mark.slow
+def test_cpu_recipe_trains_end_to_end(db_run):
+    """Every service starts, rollouts run in the real envs and the trainer commits its 3 steps."""
+    run_dir, steps, _data = db_run
     assert [s["step"] for s in steps] == [1, 2, 3]
     assert all(s["samples"] > 0 for s in steps)
     from astraflow.cli.eval import resolve_policy
 
     assert Path(resolve_policy(str(run_dir))).name.startswith("checkpoint-")
+
+
+@pytest.mark.slow
+def test_the_trained_checkpoint_serves_eval_agentbench_end_to_end(db_run, tmp_path):
+    """`astraflow eval agentbench` with a real tiny policy (the run's checkpoint of tiny-arith),
+    on dbbench and, where an OS sandbox runs, os (was tests/envs/test_agentbench_eval.py's
+    test_tiny_policy_end_to_end on builtin:tiny-arith)."""
+    import json
+    import subprocess
+    import sys
+
+    from astraflow.envs.agentbench.os.sandbox import docker_available, overlay_problem
+
+    run_dir, _steps, data = db_run
+    families = ["dbbench"]
+    if docker_available() or overlay_problem() is None:
+        families.append("os")
+    out = tmp_path / "results.json"
+    # the tiny model has a 256-token context, so the prompt is cut to the latest tokens
+    cmd = [sys.executable, "-m", "astraflow.cli.main", "eval", "agentbench",
+           "--policy", str(run_dir), "--tasks", ",".join(families), "--limit", "2",
+           "--data", str(data), "--device", "cpu", "--max-tokens", "16",
+           "--overflow", "truncate", "--concurrency", "2", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert all(f"AgentBench {family}" in proc.stdout for family in families)
+    report = json.loads(out.read_text())
+    assert report["meta"]["policy"] == str(run_dir)
+    for family in families:
+        fam = report["tasks"][family]
+        assert fam["total"] == 2 and fam["skipped"] == 0
+        assert 0.0 <= fam["success_rate"] <= 1.0 and sum(fam["status"].values()) == 2
+        for sample in report["samples"][family]:
+            assert sample["replies"] and sample["turns"] >= 1  # the model really generated
+            assert sample["status"] != "task error", sample
+    assert set(report["tasks"]["dbbench"]["by_type"]) <= {"other", "comparison", "counting"}

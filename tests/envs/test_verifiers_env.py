@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -173,21 +172,5 @@ def test_missing_environment_names_what_to_install(vf_site):
         _make("verifiers:vf_not_installed")
 
 
-@pytest.mark.slow
-def test_eval_run_on_a_verifiers_environment(vf_site, tmp_path):
-    """``astraflow eval run`` takes the family id and the task set like any other."""
-    import json
-    import os
-
-    out = tmp_path / "eval.json"
-    argv = [sys.executable, "-m", "astraflow.cli.main", "eval", "run", "--policy", "builtin:tiny-arith",
-            "--env", "verifiers:vf_tiny_arith", "--tasks", "verifiers:test",
-            "--kwarg", "env=vf_tiny_arith", "--limit", "8", "--max-tokens", "8",
-            "--device", "cpu", "--out", str(out)]  # fmt: skip
-    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(vf_site), *sys.path])}
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=environ)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads(out.read_text())
-    assert report["summary"]["errors"] == 0, report["samples"][:2]
-    assert len(report["samples"]) == 8
-    assert all(r["transcript"] for r in report["samples"])
+# `astraflow eval run` on these environments (single-turn, multi-turn, tool env):
+# tests/e2e/test_eval_ecosystems.py

@@ -3,11 +3,13 @@
 A client given the run's CA works; one without it (or with another CA) fails verification at
 once, with a message naming the CA file to give. The weight server serves HTTPS to node and
 trainer tokens checked against digests, as a trainer holding only its trainer token does.
+
+`astraflow train` with security.tls (HTTPS everywhere, role tokens, and it trains) is checked on the
+shared quickstart run: tests/e2e/test_quickstart_run.py::test_quickstart_over_tls.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import subprocess
@@ -214,31 +216,3 @@ def test_serve_names_bad_tls_input(tmp_path, certs, https_service):
     text = proc.stderr + proc.stdout
     assert proc.returncode == 1 and "certificate verification failed" in text, text
     assert "--ca-file" in text
-
-
-@pytest.mark.slow
-def test_quickstart_over_tls(tmp_path):
-    """`astraflow train` with security.tls: HTTPS everywhere, role tokens, and it trains."""
-    sets = ["run.max_steps=2", "tasks.group_size=4", "policies.policy.trainer.groups_per_step=2",
-            "rollout.concurrency=16", "evaluation.every_steps=0", "security.tls=true",
-            f"run.output_dir={json.dumps(str(tmp_path))}"]  # fmt: skip
-    args = ["train", "recipes/quickstart.toml", "--no-live"]
-    for s in sets:
-        args += ["--set", s]
-    proc = _cli(*args, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run_dir = tmp_path / "quickstart"
-    assert (run_dir / "dataflow.url").read_text().startswith("https://127.0.0.1:")
-    assert (run_dir / "tls" / "ca.pem").is_file()
-    steps = [
-        r["step"]
-        for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-        if r.get("type") == "step"
-    ]
-    assert steps == [1, 2]
-    # the trainer (trainer token) served weights over HTTPS to the node (node token), which
-    # followed every version
-    trainer_log = (run_dir / "logs" / "trainer-policy.log").read_text()
-    assert "weight server for policy at https://127.0.0.1:" in trainer_log, trainer_log[-2000:]
-    node_log = (run_dir / "logs" / "node-0.log").read_text()
-    assert "-> v2" in node_log, node_log[-2000:]

@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -44,14 +47,18 @@ def server(run_dir, tmp_path_factory):
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+    lines: list[str] = []  # what it printed, read as it comes (a full pipe would block it)
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
     deadline = time.monotonic() + 120
     while not port_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            pytest.fail(f"serve policy did not start: {proc.communicate()[0]}")
+            reader.join(10)
+            pytest.fail(f"serve policy did not start: {''.join(lines)}")
         time.sleep(0.1)
     try:
-        yield port_file.read_text().strip()
+        yield Served(port_file.read_text().strip(), lines)
     finally:
         proc.terminate()
         try:
@@ -60,9 +67,15 @@ def server(run_dir, tmp_path_factory):
             proc.kill()
 
 
+@dataclass
+class Served:
+    url: str
+    lines: list[str]
+
+
 @pytest.fixture(scope="module")
 def client(server):
-    with openai.OpenAI(base_url=server + "/v1", api_key=KEY, max_retries=0) as c:
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0) as c:
         yield c
 
 
@@ -137,8 +150,22 @@ def test_completions_text_and_tokens_and_stream(client):
     assert "".join(c.choices[0].text for c in streamed) == choice.text
 
 
+def test_port_zero_prints_the_bound_port(server, client):
+    """`serve policy --port 0` prints the port it bound (not 0, no "free port" fallback), and
+    that address is the one that answers (was tests/cli/test_serve_port_zero.py)."""
+    deadline = time.monotonic() + 60
+    while not any("/v1" in line for line in server.lines) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the line is printed as it binds; the reader thread may lag a little
+    printed = "".join(server.lines)
+    m = re.search(r"on (http://127\.0\.0\.1:(\d+))/v1", printed)
+    assert m is not None, printed
+    assert int(m.group(2)) > 0 and "free port" not in printed
+    assert m.group(1) == server.url
+    assert [model.id for model in client.models.list()] == ["tiny"]
+
+
 def test_errors_reach_the_sdk_as_its_exceptions(server, client):
-    with openai.OpenAI(base_url=server + "/v1", api_key="wrong", max_retries=0) as bad:
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0) as bad:
         with pytest.raises(openai.AuthenticationError):
             bad.models.list()
     with pytest.raises(openai.NotFoundError, match="tiny"):
