@@ -32,6 +32,8 @@ TWO_SMALL_STEPS = [
 class QuickstartRun:
     records: list[dict]
     run_dir: Path
+    #: what ``astraflow train`` printed (its final lines name the run's end)
+    stdout: str = ""
 
     @property
     def step_versions(self) -> list[int]:
@@ -71,4 +73,4 @@ def train_quickstart(
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     run_dir = tmp_path / "quickstart"
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return QuickstartRun([json.loads(x) for x in lines if x], run_dir)
+    return QuickstartRun([json.loads(x) for x in lines if x], run_dir, proc.stdout)
