@@ -4,8 +4,9 @@ Every launcher (local subprocesses, Ray) starts trainers through :func:`trainer_
 recipe's ``trainer.processes`` and ``trainer.accelerate_config`` mean the same thing everywhere:
 
 * ``processes = 1`` and no accelerate config: ``python -m astraflow.cli.main serve trainer ...``;
-* ``processes = N > 1``: ``python -m torch.distributed.run --standalone --nproc_per_node N -m
-  astraflow.cli.main serve trainer ...`` (torchrun picks a free rendezvous port, so runs never collide);
+* ``processes = N > 1``: ``python -m astraflow.launch.torchrun --standalone --nproc_per_node N -m
+  astraflow.cli.main serve trainer ...`` (torchrun, stopping cleanly on SIGTERM; it picks a free
+  rendezvous port, so runs never collide);
 * an accelerate config (DDP, FSDP, DeepSpeed): ``python -m accelerate.commands.launch
   --config_file F --num_processes N -m astraflow.cli.main serve trainer ...``.
 
@@ -58,7 +59,7 @@ def trainer_argv(
                   "--num_processes", str(spec.processes)]  # fmt: skip
         return [*launch, *serve]
     if spec.processes > 1:
-        launch = [python, "-m", "torch.distributed.run", "--standalone",
+        launch = [python, "-m", "astraflow.launch.torchrun", "--standalone",
                   "--nproc_per_node", str(spec.processes)]  # fmt: skip
         return [*launch, *serve]
     return [python, *serve]

@@ -91,6 +91,28 @@ def test_rewind_replays_the_same_batches_in_order(service):
         assert [r["version"] for r in _records(service, "step")] == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_replayed_batch_is_quarantined_only_for_failures_after_its_rewind(service):
+    """A rewound batch had been trained and acknowledged: its earlier serves were no failures. A
+    trainer killed from outside once while replaying it gets it again (found in the slow tier: a
+    step trained, rewound, then killed once was set aside and the final timeline lost it)."""
+    with SyncDataflowClient(service.url, TOKEN, retries=0) as c:
+        node = c.register(policies={"policy": 0}).node_id
+        _fill(c, node, 12)
+        _announce(c, 0)
+        first = [_step(c, v, checkpoint=2) for v in range(3)]
+        _announce(c, 2)  # restarted from checkpoint-2: step 3 is replayed
+        replay = c.next_batch(policy="policy", num_groups=2, trainer_version=2)
+        assert replay.redelivered and replay.batch.id == first[2][0]
+        # the trainer is killed while replaying it, restarts, and asks again: the same batch
+        again = c.next_batch(policy="policy", num_groups=2, trainer_version=2)
+        assert again.redelivered and again.batch.id == first[2][0]
+        assert c.status()["policies"]["policy"]["dropped"].get("quarantined_batch", 0) == 0
+        # a second failure on it after the rewind is one too many: set aside
+        fresh = c.next_batch(policy="policy", num_groups=2, trainer_version=2)
+        assert fresh.batch.id != first[2][0] and not fresh.redelivered
+        assert c.status()["policies"]["policy"]["dropped"]["quarantined_batch"] > 0
+
+
 def test_rewind_past_a_freed_checkpoint_retrains_on_fresh_groups(service):
     with SyncDataflowClient(service.url, TOKEN, retries=0) as c:
         node = c.register(policies={"policy": 0}).node_id

@@ -144,12 +144,6 @@ def test_two_process_trainer_killed_is_restarted_and_its_ranks_die_with_it(resta
     assert restart_run.ranks_left_after_kill == []  # the killed trainer's ranks died with it
 
 
-@pytest.mark.xfail(
-    reason="found 2026-12-05: Ctrl-C on a run whose two-process (torchrun) trainer was restarted "
-    "ends with 'trainer-policy exited with status 1', not 'all 3 services stopped cleanly'; "
-    "tests/launch/test_ctrl_c.py keeps the single-process property",
-    strict=False,
-)
 def test_ctrl_c_stops_in_order_without_sigkill(restart_run):
     """Ctrl-C on `astraflow train`: every service stops with SIGTERM in order (nodes release their
     leases at once, the dataflow last and not SIGKILLed), a plain summary, exit status 130."""

@@ -25,7 +25,7 @@ def test_two_process_command_line(tmp_path):
     root = Path(__file__).resolve().parents[2]
     recipe = load_recipe(root / "recipes" / "quickstart.toml", [TWO])
     argv = trainer_argv(recipe, tmp_path / "r.toml", "policy", "http://h:1", tmp_path, resume=True)
-    assert argv[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    assert argv[1:6] == ["-m", "astraflow.launch.torchrun", "--standalone", "--nproc_per_node", "2"]
     assert argv[6:10] == ["-m", "astraflow.cli.main", "serve", "trainer"] and argv[-1] == "--resume"
     config = tmp_path / "fsdp.yaml"
     config.write_text("distributed_type: FSDP\n")

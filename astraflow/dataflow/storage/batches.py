@@ -28,7 +28,8 @@ def oldest_served(tx: Tx, policy: str) -> str | None:
 
 
 def times_served(tx: Tx, batch_id: str) -> int:
-    """How many times ``batch_id`` was served (1 when first served, +1 per redelivery)."""
+    """How many times ``batch_id`` was served since it was last acknowledged (1 when first
+    served, +1 per redelivery, 0 after a rewind undid its step)."""
     return int(tx.scalar("SELECT served FROM batches WHERE id=?", (batch_id,), 0))
 
 
@@ -92,9 +93,11 @@ def acked_after(tx: Tx, policy: str, step: int) -> list[tuple[str, int, str]]:
 
 
 def unack(tx: Tx, batch_id: str, new_state: str) -> None:
-    """Undo a step: the batch becomes ``served`` again (or ``rewound``), without its step."""
+    """Undo a step: the batch becomes ``served`` again (or ``rewound``), without its step. Its
+    serve count starts again: the serves before were acknowledged, so none of them was a failure
+    of the trainer on this batch (quarantine counts only failures)."""
     tx.execute(
-        "UPDATE batches SET state=?, acked_at=NULL, step=NULL WHERE id=?",
+        "UPDATE batches SET state=?, acked_at=NULL, step=NULL, served=0 WHERE id=?",
         (new_state, batch_id),
     )
 
