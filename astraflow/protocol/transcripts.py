@@ -57,6 +57,30 @@ class TranscriptRecord(BaseModel):
     trajectories: list[TrajectoryArrays] = Field(default_factory=list)
     #: per role: the advantage the episode's sample got in its group (reward - mean) / std
     advantages: dict[str, float] = Field(default_factory=dict)
+    #: per role: what became of its sample (:data:`FATES`), so a reader never mistakes an
+    #: episode the trainer never saw for one it learned from (role ``""``: an episode that failed
+    #: before it had any trajectory)
+    fates: dict[str, str] = Field(default_factory=dict)
+    #: per role: the step that trained its sample (only for fate ``trained``)
+    trained_steps: dict[str, int] = Field(default_factory=dict)
+
+    @property
+    def trained(self) -> bool:
+        """Some role's sample was in a step the trainer acknowledged."""
+        return any(f == "trained" for f in self.fates.values())
+
+
+#: what became of a kept episode's sample, per role, and what each means to a reader
+FATES: dict[str, str] = {
+    "trained": "trained (in an acknowledged step)",
+    "training": "in a batch the trainer holds (not acknowledged yet)",
+    "buffered": "in the buffer, not trained yet",
+    "filtered": "its group was filtered out (e.g. zero reward variance): never trained",
+    "dropped": "its group was dropped (too stale, or over the buffer's bound): never trained",
+    "quarantined": "in a batch set aside after the trainer failed on it: never trained",
+    "failed": "the episode failed (an error): it yields no sample, never trained",
+    "ungrouped": "its group is not complete yet",
+}
 
 
 class TranscriptList(BaseModel):

@@ -15,9 +15,9 @@ from astraflow.protocol.client import SyncDataflowClient
 
 
 @contextmanager
-def service(tmp_path, per_step: int, tasks: int):
+def service(tmp_path, per_step: int, tasks: int, **sections):
     """A service keeping ``per_step`` transcripts, a node and ``tasks`` leases of it."""
-    recipe = make_recipe(tmp_path, logging={"transcripts_per_step": per_step})
+    recipe = make_recipe(tmp_path, logging={"transcripts_per_step": per_step}, **sections)
     with (
         ThreadedService(recipe, tmp_path / "dataflow.db") as svc,
         SyncDataflowClient(svc.url, TOKEN, retries=0) as client,
@@ -91,3 +91,48 @@ def test_a_step_past_64_bits_is_refused_with_422_not_a_server_error(tmp_path):
             assert "step" in r.text
         ok = httpx.get(f"{svc.url}/transcripts", params={"step": 2**63 - 1}, headers=auth)
         assert ok.status_code == 200, ok.text[:200]
+
+
+def test_each_kept_episode_says_whether_it_was_trained_and_why_not(tmp_path):
+    """An episode the trainer never saw must not read as one it learned from (found: `transcripts
+    --step 100` showed only a zero-variance group the filter dropped, without saying so)."""
+    from astraflow.cli.main import app
+    from typer.testing import CliRunner
+
+    zero_variance = {"policies": [{"name": "zero_variance_filter"}]}
+    with service(tmp_path, 10, 4, dataflow=zero_variance) as (_, _svc, client, node, leases):
+        pushes = [
+            group(leases[0].task.id, [1, 0, 1, 0]),  # trained in step 1
+            group(leases[1].task.id, [1, 1, 1, 1]),  # zero variance: filtered
+            group(leases[2].task.id, [0, 1, 0, 0]),  # buffered
+            [episode(leases[3].task.id, error="ValueError: no") for _ in range(4)],
+        ]
+        for lease, episodes in zip(leases, pushes, strict=True):
+            client.push(node_id=node, lease_id=lease.id, episodes=episodes)
+        batch = client.next_batch(policy="policy", num_groups=1, trainer_version=0).batch
+        client.ack(batch.id, trainer_version=1)
+        by_task = {}
+        for t in client.transcripts(limit=50).transcripts:
+            (fate,) = t.fates.values()
+            by_task.setdefault(t.task_id, set()).add((fate, t.trained))
+        trained_task = {s.task_id for s in batch.samples}.pop()
+        assert by_task.pop(trained_task) == {("trained", True)}
+        assert by_task.pop(leases[1].task.id) == {("filtered", False)}
+        assert by_task.pop(leases[3].task.id) == {("failed", False)}
+        assert list(by_task.values()) == [{("buffered", False)}]
+        steps = {
+            t.trained_steps["agent"] for t in client.transcripts(limit=50).transcripts if t.trained
+        }
+        assert steps == {1}
+
+    runner = CliRunner()
+    every = runner.invoke(app, ["transcripts", str(tmp_path), "--limit", "50"])
+    assert every.exit_code == 0, every.output
+    assert "trained in step 1" in every.output and "filtered out" in every.output
+    assert "failed (an error)" in every.output and "not trained yet" in every.output
+    only = runner.invoke(app, ["transcripts", str(tmp_path), "--trained", "--json"])
+    assert only.exit_code == 0, only.output
+    import json
+
+    kept = json.loads(only.output)
+    assert kept and {t["record"]["fates"]["agent"] for t in kept} == {"trained"}

@@ -199,6 +199,7 @@ def test_transcripts_print_node_text_as_text(monkeypatch):
     record = SimpleNamespace(
         step=3, episode_id=f"ep{OSC52}", task_id="[/]", finish_reason="stop",
         rewards={"policy": 1.0}, advantages={}, error=HOSTILE_ERROR, policy={"policy": "policy"},
+        fates={"[/]\x1b]0;pwn\x07": "trained", "policy": "filtered"}, trained_steps={},
     )  # fmt: skip
     turn = SimpleNamespace(
         role="policy", source="policy", versions=[3], tokens=5, text=f"line1\n{CLEAR}[/]line2"

@@ -83,7 +83,8 @@ def _arrays(role: str, stored: list[bytes]) -> TrajectoryArrays:
 def read(
     tx: Tx, step: int | None = None, failed: bool | None = None, limit: int = 50
 ) -> list[TranscriptRecord]:
-    """The kept transcripts (newest step first), each with its samples' group advantages."""
+    """The kept transcripts (newest step first), each with its samples' group advantages and
+    what became of each sample (trained in which step, filtered, dropped, still buffered)."""
     rows = storage.transcripts.select(tx, step, failed, limit)
     records = []
     for row in rows:
@@ -104,10 +105,32 @@ def read(
         )
     group_ids = sorted({f"{r.task_id}/{p}" for r in records for p in r.policy.values()})
     stats = storage.transcripts.group_stats(tx, group_ids)
+    fates = storage.transcripts.group_fates(tx, group_ids)
     for r in records:
         for role, policy in r.policy.items():
             group = stats.get(f"{r.task_id}/{policy}")
             if group is not None and role in r.rewards:
                 advantage = (r.rewards[role] - group.reward_mean) / (group.reward_std + 1e-4)
                 r.advantages[role] = round(advantage, 4)
+            fate = fates.get(f"{r.task_id}/{policy}")
+            if r.failed:  # stored for the record, yields no sample (ops.ingest)
+                r.fates[role] = "failed"
+            else:
+                r.fates[role] = "ungrouped" if fate is None else _fate(fate)
+            if r.fates[role] == "trained":
+                r.trained_steps[role] = int(fate.step)
+        if r.failed and not r.fates:  # failed before any trajectory: the episode itself
+            r.fates[""] = "failed"
     return records
+
+
+def _fate(group: storage.transcripts.GroupFate) -> str:
+    """One word for a group's state (see ``astraflow.protocol.transcripts.FATES``)."""
+    if group.state == "batched":
+        return {"acked": "trained", "served": "training", "skipped": "quarantined"}.get(
+            group.batch_state or "",
+            "buffered",  # a rewound batch's groups are trained again
+        )
+    if group.state in ("filtered", "dropped"):
+        return group.state
+    return "buffered"  # ready, or waiting in the replay pool

@@ -72,3 +72,20 @@ def group_stats(tx: Tx, group_ids: list[str]) -> dict[str, GroupStats]:
         "SELECT id, reward_mean, reward_std FROM groups WHERE id IN ({marks})", group_ids
     )
     return {row.id: row for row in map(GroupStats._make, rows)}
+
+
+class GroupFate(NamedTuple):
+    id: str
+    state: str
+    batch_state: str | None
+    step: int | None
+
+
+def group_fates(tx: Tx, group_ids: list[str]) -> dict[str, GroupFate]:
+    """Each group's state, and for a batched one its batch's state and step, by group id."""
+    rows = tx.select_in(
+        "SELECT g.id, g.state, b.state, b.step FROM groups g LEFT JOIN batches b "
+        "ON b.id = g.batch_id WHERE g.id IN ({marks})",
+        group_ids,
+    )
+    return {row.id: row for row in map(GroupFate._make, rows)}
