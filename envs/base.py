@@ -123,6 +123,14 @@ class StateMixin:
         return value
 
 
+def _missing(env: object, signature: str, what: str) -> str:
+    """The message for a TextEnv method a subclass left out: which, what it returns, where to read."""
+    return (
+        f"{type(env).__name__} does not implement {signature}: {what}. A TextEnv implements "
+        "sample_task, _reset_task and _step_text (docs/plugins.md)"
+    )
+
+
 class TextEnv(gym.Env):
     """A multi-turn text environment.
 
@@ -158,17 +166,35 @@ class TextEnv(gym.Env):
     # --- to implement -------------------------------------------------------------------------
     def sample_task(self, rng) -> dict[str, Any]:  # pragma: no cover - abstract
         """A valid task payload drawn from ``rng`` (numpy Generator), for checks and demos."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            _missing(
+                self,
+                "sample_task(self, rng) -> dict",
+                "a valid task payload drawn from the numpy Generator `rng` (`astraflow envs check` and reset() without a task use it)",
+            )
+        )
 
     def _reset_task(self, task: dict[str, Any]) -> tuple[str, dict[str, Any]]:  # pragma: no cover
         """Start an episode on a validated task; return the first observation and info."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            _missing(
+                self,
+                "_reset_task(self, task) -> (observation, info)",
+                "the first observation of an episode on `task`",
+            )
+        )
 
     def _step_text(
         self, action: str
     ) -> tuple[str, float, bool, dict[str, Any]]:  # pragma: no cover
         """Apply one action; return (observation, reward, terminated, info)."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            _missing(
+                self,
+                "_step_text(self, action) -> (observation, reward, terminated, info)",
+                "one turn of the episode",
+            )
+        )
 
     # --- the Gymnasium API ----------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):

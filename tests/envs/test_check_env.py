@@ -109,3 +109,24 @@ def test_envs_check_names_each_breach_of_the_contract(breach, message):
         gym.register(env_id, entry_point=_Contract.make(breach), disable_env_checker=True)
     row = check_one(env_id, {}, episodes=1, seed=0, max_action_chars=8)
     assert not row["ok"] and message in row["error"], row
+
+
+def test_an_env_missing_sample_task_is_named_with_what_to_implement():
+    """`envs check` on a plugin env without ``sample_task`` printed a bare ``NotImplementedError:``;
+    the error names the class, the method, what it returns and where the contract is written."""
+    from astraflow.api import TextEnv
+
+    class NoSamples(TextEnv):
+        task_fields = {"n": "a number"}
+
+        def _reset_task(self, task):
+            return "go", {}
+
+        def _step_text(self, action):
+            return "", 0.0, True, {}
+
+    with pytest.raises(NotImplementedError) as err:
+        NoSamples().reset(seed=0)
+    message = str(err.value)
+    assert "NoSamples does not implement sample_task(self, rng) -> dict" in message
+    assert "docs/plugins.md" in message
