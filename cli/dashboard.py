@@ -16,7 +16,7 @@ from astraflow.cli.common import CA_FILE_OPTION, console, dataflow_client, fail
 def dashboard(
     source: str = typer.Argument(..., help="Run directory, or a dataflow URL (with --token)"),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address"),
-    port: int = typer.Option(0, "--port", help="Port; 0 picks a free one"),
+    port: int = typer.Option(0, "--port", min=0, max=65535, help="Port; 0 picks a free one"),
     token: str = typer.Option(
         None,
         "--token",

@@ -64,7 +64,17 @@ app.command("token", help="Print a role-scoped token (node, trainer, admin) of a
 
 
 def main() -> None:
-    app()
+    from astraflow.protocol.http_server import PortUnavailable
+
+    try:
+        app()
+    except PortUnavailable as exc:  # a user's choice of port, not a bug: one line, no traceback
+        from astraflow.cli.common import fail
+
+        try:
+            fail(str(exc))
+        except typer.Exit as done:  # outside the app's own runner: exit with its status
+            raise SystemExit(done.exit_code) from None
 
 
 if __name__ == "__main__":

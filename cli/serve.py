@@ -118,7 +118,9 @@ def _check_token(token: str | None, command: str, accepted: tuple[str, ...]) -> 
 def dataflow(
     recipe: Path = typer.Option(..., "--recipe", "-r", help="TOML recipe of the run"),
     host: str = typer.Option(None, "--host", help="Bind address (default: recipe dataflow.host)"),
-    port: int = typer.Option(None, "--port", help="Port; 0 picks a free one (default: recipe)"),
+    port: int = typer.Option(
+        None, "--port", min=0, max=65535, help="Port; 0 picks a free one (default: recipe)"
+    ),
     store: Path = typer.Option(None, "--store", help="SQLite file (default: run_dir/dataflow.db)"),
     token: str = typer.Option(
         None,
@@ -335,7 +337,7 @@ def weight_cache(
     ),
     token: str = typer.Option(None, "--token", envvar="ASTRAFLOW_TOKEN", help="Run token"),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (nodes of the region)"),
-    port: int = typer.Option(0, "--port", help="Port; 0 picks a free one"),
+    port: int = typer.Option(0, "--port", min=0, max=65535, help="Port; 0 picks a free one"),
     cache_dir: Path = typer.Option(
         None, "--dir", help="Where cached files go (default: a temporary folder, removed on exit)"
     ),
@@ -404,7 +406,7 @@ def policy(
         help="Bearer key clients must send (default: a fresh one, printed at start)",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address"),
-    port: int = typer.Option(8000, "--port", help="Port; 0 picks a free one"),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port; 0 picks a free one"),
     port_file: Path = typer.Option(
         None, "--port-file", help="Write http://host:port here once listening"
     ),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import socket
 import threading
@@ -35,17 +36,39 @@ from typing import Any, Literal
 
 import uvicorn
 
+from astraflow.errors import AstraFlowError
 from astraflow.protocol.tls import ServerTLS
 
 #: How often startup is polled: uvicorn offers no event to await until it listens.
 _STARTUP_POLL_S = 0.01
 
 
+class PortUnavailable(AstraFlowError, OSError):
+    """The address to listen on cannot be had: said in one line with what to do, because a
+    51-line traceback ending in ``[Errno 98]`` tells a user neither."""
+
+
+_BIND_HINTS = {
+    errno.EADDRINUSE: "the port is in use (another service or program listens on it)",
+    errno.EACCES: "ports below 1024 need root",
+    errno.EADDRNOTAVAIL: "the host is not an address of this machine",
+}
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
+    if not 0 <= port <= 65535:
+        raise PortUnavailable(f"cannot listen on port {port}: a port is 0 (a free one) to 65535")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        why = _BIND_HINTS.get(exc.errno, exc.strerror or str(exc))
+        raise PortUnavailable(
+            f"cannot listen on {url_for(host, port)}: {why}; pick another port, or 0 for a free one"
+        ) from exc
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
