@@ -26,11 +26,14 @@ def train(
     timeout: float = typer.Option(0, help="Stop the run after this many seconds (0: no limit)"),
 ) -> None:
     """Start the dataflow service, rollout nodes and trainers of a recipe and train to max_steps."""
+    from dataclasses import replace
+
     from rich.live import Live
 
     from astraflow.launch.exits import exit_summary
     from astraflow.launch.live import MetricsTail, render_status, status_line
     from astraflow.launch.local import LaunchError, LocalLauncher, install_sigint, prepare_run
+    from astraflow.launch.outcome import describe as describe_outcome
     from astraflow.launch.text import safe_text
     from astraflow.recipe import RecipeError
 
@@ -113,6 +116,9 @@ def train(
     killed = {s.name for s in services if getattr(s, "killed", False)}  # (Ray: never)
     # the raw exit status of every service, for scripts (the console gets a plain sentence)
     (run_dir / "exit_codes.json").write_text(json.dumps(codes, indent=1, sort_keys=True))
+    stall = getattr(launcher, "stall", None)
+    ended = describe_outcome(outcome, stall.message if stall is not None else None)
+    replace(ended, services=exit_summary(codes, killed), exit_codes=codes).write(run_dir)
     console.print(
         f"run {outcome} in {time.time() - started:.0f}s; {exit_summary(codes, killed)}",
         highlight=False,

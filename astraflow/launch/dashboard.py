@@ -4,8 +4,11 @@
 page is one static HTML file with plain JavaScript and a vendored chart library (uPlot), so
 there is no front-end build. It reads three JSON routes:
 
-- ``/api/summary``: the run's status (from the live service, when there is one) and, from
-  ``metrics.jsonl``, each policy's reward, held-out accuracy, samples/s and staleness by step;
+- ``/api/summary``: the run's status (from the live service, when there is one; for a finished
+  run the service's last status from the ``run_summary`` record and how the run ended, from
+  ``outcome.json``) and, from ``metrics.jsonl``, every figure by step, grouped into learning,
+  data and system (:mod:`astraflow.launch.run_metrics`), with evaluations that all errored
+  listed apart rather than charted as accuracy 0;
 - ``/api/transcripts``: the kept episodes (:mod:`astraflow.launch.transcripts`), decoded;
 - ``/api/transcripts/{episode_id}``: one of them token by token for the trajectory viewer: the
   text of each token, the loss mask, the behaviour log-prob and the weight version.
@@ -60,22 +63,53 @@ class DashboardSource:
         except Exception:  # the service is gone (a finished run): the files still tell
             return None
 
-    def series(self) -> dict[str, Any]:
+    def metrics(self) -> list[dict]:
         if self.run_dir is None or not (self.run_dir / "metrics.jsonl").exists():
-            return {}
-        from astraflow.launch.report import empty_panel_notes, read_metrics
+            return []
+        from astraflow.launch.report import read_metrics
 
-        records = read_metrics(self.run_dir)
+        return read_metrics(self.run_dir)
+
+    def series(self, records: list[dict] | None = None) -> dict[str, Any]:
+        """The four headline figures (the policy table) and every figure, grouped (charts)."""
+        from astraflow.launch.report import empty_panel_notes
+        from astraflow.launch.run_metrics import run_series
+
+        records = self.metrics() if records is None else records
+        if not records:
+            return {}
         out: dict[str, Any] = {"notes": empty_panel_notes(records), "policies": {}}
+        measured = [r for r in records if not _errored_eval(r)]  # all tasks errored: no accuracy
         for key, kind, field in (
             ("reward", "step", "reward_mean"),
             ("accuracy", "eval", "accuracy"),
             ("samples_per_s", "step", "samples_per_s"),
             ("staleness", "step", "staleness_mean"),
         ):
-            for policy, (xs, ys) in metric_series(records, kind, field).items():
+            for policy, (xs, ys) in metric_series(measured, kind, field).items():
                 out["policies"].setdefault(policy, {})[key] = {"x": xs, "y": ys}
+        out.update(run_series(records).as_json())
         return out
+
+    def final(self, records: list[dict]) -> dict[str, Any] | None:
+        """A finished run: how it ended (``outcome.json``) and the service's last status (the
+        ``run_summary`` record), so its page shows its final state, not dashes."""
+        from astraflow.launch.outcome import read_outcome
+
+        if self.run_dir is None:
+            return None
+        outcome = read_outcome(self.run_dir)
+        summaries = [r for r in records if r.get("type") == "run_summary"]
+        last = summaries[-1].get("status") if summaries else None
+        if outcome is None and last is None:
+            return None
+        return {
+            "outcome": outcome.outcome if outcome else None,
+            "reason": outcome.reason if outcome else None,
+            "services": outcome.services if outcome else None,
+            "ended": outcome.ended if outcome else None,
+            "status": last if isinstance(last, dict) else None,
+        }
 
     def records(self, step: int | None, failed: bool | None, limit: int) -> list[TranscriptRecord]:
         if self.client is not None:
@@ -84,8 +118,8 @@ class DashboardSource:
             except Exception:
                 if self.run_dir is None:
                     raise
-        if self.run_dir is None:
-            return []
+        if self.run_dir is None or not (self.run_dir / "dataflow.db").exists():
+            return []  # no store (yet): no kept episodes, not an error
         return read_store(self.run_dir, step, failed, limit)
 
     def token_view(self, record: TranscriptRecord) -> dict[str, Any]:
@@ -118,6 +152,14 @@ class DashboardSource:
             "turns": [turn.model_dump() for turn in transcript.turns],
             "roles": roles,
         }
+
+
+def _errored_eval(record: dict) -> bool:
+    """An evaluation in which every task errored measured nothing (not an accuracy of 0)."""
+    if record.get("type") != "eval":
+        return False
+    n, errors = record.get("n"), record.get("errors") or 0
+    return isinstance(n, int) and n > 0 and errors >= n
 
 
 def serve_dashboard(
@@ -183,12 +225,16 @@ def create_dashboard_app(source: DashboardSource, token: str) -> FastAPI:
     def summary() -> dict:
         run = source.run_dir.name if source.run_dir else None
         st = source.status()
+        records = source.metrics()
+        final = None if st is not None and not st.get("done") else source.final(records)
+        shown = st if st is not None else (final or {}).get("status")
         return {
-            "run": (st or {}).get("run") or run,
+            "run": (shown or {}).get("run") or run,
             "run_dir": str(source.run_dir) if source.run_dir else None,
             "live": st is not None and not st.get("done"),
-            "status": st,
-            "series": source.series(),
+            "status": shown,
+            "final": final,
+            "series": source.series(records),
         }
 
     @app.get("/api/transcripts")

@@ -145,6 +145,12 @@ def test_train_stops_cleanly_and_serves_the_dashboard(quickstart_run):
     # train served the dashboard beside the run on a port it printed (token-protected)
     served = re.search(r"dashboard at (https?)://127\.0\.0\.1:(\d+)/\S*token=", out)
     assert served and int(served.group(2)) > 0, out[:2000]
+    # how it ended stays in the run directory (the finished run's dashboard reads it)
+    from astraflow.launch.outcome import read_outcome
+
+    ended = read_outcome(quickstart_run.run_dir)
+    assert ended is not None and ended.outcome == "done", ended
+    assert ended.services.endswith("stopped cleanly") and set(ended.exit_codes) >= {"dataflow"}
 
 
 def test_transcripts_of_a_finished_quickstart(quickstart_run):

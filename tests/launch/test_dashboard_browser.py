@@ -49,9 +49,12 @@ def run(tmp_path):
     run_dir.mkdir(parents=True)
     (run_dir / "recipe.toml").write_text(recipe_to_toml(recipe))  # the tokenizer comes from it
     steps = [{"type": "step", "policy": "policy", "step": i, "time": float(i), "samples": 8,
-              "reward_mean": 0.2 + 0.1 * i, "staleness_mean": 0.5} for i in range(1, 15)]  # fmt: skip
-    evals = [{"type": "eval", "policy": "policy", "step": s, "accuracy": a, "version": s}
-             for s, a in ((0, 0.25), (10, 0.625))]  # fmt: skip
+              "reward_mean": 0.2 + 0.1 * i, "staleness_mean": 0.5,
+              "metrics": {"loss": 0.1 / i, "grad_norm": 2.0 + i % 3, "entropy": 0.5 - 0.01 * i,
+                          "completions/mean_length": 3.0 + i % 2, "wall_time_s": 0.2}}
+             for i in range(1, 15)]  # fmt: skip
+    evals = [{"type": "eval", "policy": "policy", "step": s, "accuracy": a, "version": s,
+              "n": 4, "errors": e} for s, a, e in ((0, 0.25, 0), (10, 0.625, 0), (12, 0.0, 4))]  # fmt: skip
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps + evals))
     with ThreadedService(recipe, run_dir / "dataflow.db") as svc:
         from astraflow.protocol.client import SyncDataflowClient
@@ -72,16 +75,84 @@ def run(tmp_path):
             stop()
 
 
+def assert_drawn(chart) -> None:
+    """The chart's screenshot holds a drawn line, not a blank box (many colours, not one)."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    image = Image.open(BytesIO(chart.screenshot())).convert("RGB")
+    colours = image.getcolors(maxcolors=1 << 16)
+    assert colours is None or len(colours) > 20, f"a blank chart: {len(colours)} colours"
+
+
+def _browser(p):
+    return p.chromium.launch(
+        executable_path=CHROMIUM,
+        args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+    )
+
+
+def test_a_finished_run_shows_its_final_state_and_stop_reason(tmp_path):
+    """No live service: the page reads the final status from the run_summary record and how
+    the run ended from outcome.json (a finished run showed "-" and no reason)."""
+    from astraflow.launch.dashboard import DashboardSource, create_dashboard_app
+    from astraflow.launch.outcome import RunOutcome
+    from astraflow.weights.server import serve_in_thread
+
+    recipe = make_recipe(tmp_path)
+    run_dir = tmp_path / "runs" / "t"
+    run_dir.mkdir(parents=True)
+    (run_dir / "recipe.toml").write_text(recipe_to_toml(recipe))
+    status = {
+        "run": "t", "done": True,
+        "policies": {"policy": {"trainable": True, "latest_version": 7, "steps": 7,
+                                "max_steps": 40, "buffer_groups": 3,
+                                "dropped": {"zero_variance": 15976}}},
+        "nodes": [{"id": "node-1", "name": "box-7", "region": "eu", "state": "left",
+                   "versions": {"policy": 7}, "episodes_per_s": 1.5,
+                   "metrics": {"tokens_per_s": 30.0, "weight_sync_s": 0.01, "errors": 2.0}}],
+        "errors": {},
+    }  # fmt: skip
+    steps = [{"type": "step", "policy": "policy", "step": i, "time": float(i),
+              "reward_mean": 0.0, "metrics": {"loss": 0.0}} for i in range(1, 8)]  # fmt: skip
+    records = [*steps, {"type": "run_summary", "status": status, "time": 9.0}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    RunOutcome("stalled", "constant reward 0.0 for 120 s: every group is filtered",
+               "all 3 services stopped cleanly").write(run_dir)  # fmt: skip
+    url, stop = serve_in_thread(create_dashboard_app(DashboardSource(run_dir), TOKEN),
+                                "127.0.0.1", 0)  # fmt: skip
+    try:
+        with playwright.sync_playwright() as p:
+            browser = _browser(p)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.goto(f"{url}/?token={TOKEN}")
+                page.wait_for_selector("#policies tbody tr[data-policy='policy']", timeout=15000)
+                assert page.locator("#state").inner_text() == "finished: stalled"
+                reason = page.locator("[data-stop-reason='stalled']").inner_text()
+                assert "constant reward 0.0 for 120 s" in reason
+                assert "all 3 services stopped cleanly" in reason
+                row = page.locator("#policies tbody tr[data-policy='policy']").inner_text()
+                assert "7/40" in row and "3 groups" in row and "zero_variance 15976" in row
+                assert "box-7" in page.locator("#nodes").inner_text()
+                assert page.locator("[data-chart='loss'] canvas").count() == 1
+                page.wait_for_selector("#episodes .note")  # no store: said, not an error
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(ARTIFACTS / "finished.png"), full_page=True)
+            finally:
+                browser.close()
+    finally:
+        stop()
+
+
 def test_dashboard_shows_the_run_and_one_trajectory(run):
     base = run.split("/?")[0]
     assert httpx.get(f"{base}/api/summary").status_code == 401  # no token, no data
     assert httpx.get(f"{base}/?token=wrong").status_code == 401
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
+        browser = _browser(p)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             errors: list[str] = []
@@ -94,12 +165,23 @@ def test_dashboard_shows_the_run_and_one_trajectory(run):
                 raise AssertionError(f"page did not render: {errors}") from None
             row = page.locator("#policies tbody tr[data-policy='policy']")
             assert row.locator("[data-field='reward']").inner_text() == "1.600"
+            # the evaluation at step 12 errored on every task: listed, not charted as accuracy 0
             assert row.locator("[data-field='accuracy']").inner_text() == "0.625"
+            errored = page.locator("[data-errored-eval='12']").inner_text()
+            assert "errored on all 4 tasks" in errored
             assert "zero_variance 4" in row.locator("[data-field='dropped']").inner_text()
             assert "running" in page.locator("#state").inner_text()
-            # the four charts: uPlot draws a canvas for each panel with data
-            for key in ("reward", "accuracy", "samples_per_s", "staleness"):
-                assert page.locator(f"[data-chart='{key}'] canvas").count() == 1, key
+            # every logged figure is charted in its group: uPlot draws a canvas per chart
+            expected = {
+                "learning": ("reward_mean", "accuracy", "loss", "grad_norm", "entropy"),
+                "data": ("samples_per_s", "staleness_mean", "completions/mean_length"),
+                "system": ("wall_time_s",),
+            }
+            for group, keys in expected.items():
+                for key in keys:
+                    chart = page.locator(f"[data-group='{group}'] [data-chart='{key}'] canvas")
+                    assert chart.count() == 1, (group, key)
+            assert_drawn(page.locator("[data-chart='loss']"))
             assert "box-7" in page.locator("#nodes").inner_text()
             problems = page.locator("#problems").inner_text()
             assert "episode_error: 4 — BadRequest: prompt has 443 tokens" in problems

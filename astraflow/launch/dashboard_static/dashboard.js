@@ -14,41 +14,60 @@ const fmt = (v, nd = 3) => (v === null || v === undefined ? "-" : typeof v === "
 const last = (s) => (s && s.y && s.y.length ? s.y[s.y.length - 1] : null);
 const counts = (d) => Object.entries(d || {}).map(([k, v]) => `${k} ${v}`).join(", ") || "-";
 
-const CHARTS = [
-  ["reward", "mean reward (train groups)"],
-  ["accuracy", "held-out accuracy (greedy)"],
-  ["samples_per_s", "trained samples / s"],
-  ["staleness", "mean staleness (versions)"],
-];
+const GROUPS = ["learning", "data", "system"];
 const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c"];
+// the headline figures: a card even without data, saying why it is blank
+const HEADLINE = {
+  learning: [["reward_mean", "mean reward (train groups)", "reward"], ["accuracy", "held-out accuracy (greedy)", "eval_accuracy"]],
+  data: [["samples_per_s", "trained samples / s", "throughput"], ["staleness_mean", "mean staleness (versions)", "staleness"]],
+};
 
+// One chart per figure the run logged, grouped (learning, data, system): every series of
+// /api/summary's series.groups, so a new metric appears without a change here.
 function drawCharts(series) {
   const box = document.getElementById("charts");
   box.replaceChildren();
-  const policies = (series && series.policies) || {};
-  const notes = (series && series.notes) || {};
-  const noteKey = { reward: "reward", accuracy: "eval_accuracy", samples_per_s: "throughput", staleness: "staleness" };
-  // every card first, then the charts: each is as wide as its grid cell once all are placed
-  const cards = CHARTS.map(([key, title]) => {
-    const card = el("div", { class: "chart", "data-chart": key }, el("h3", {}, title));
-    box.append(card);
-    return [key, card];
-  });
-  for (const [key, card] of cards) {
-    const names = Object.keys(policies).filter((p) => policies[p][key] && policies[p][key].x.length);
-    if (!names.length) {
-      card.append(el("div", { class: "note" }, notes[noteKey[key]] || "no data yet"));
-      continue;
+  const groups = (series && series.groups) || {};
+  const errored = (series && series.errored_evals) || {};
+  const cards = [];
+  for (const g of GROUPS) {
+    const grid = el("div", { class: "charts" });
+    const group = el("div", { class: "group", "data-group": g }, el("h3", {}, g), grid);
+    if (g === "learning") {
+      for (const [policy, evals] of Object.entries(errored)) {
+        for (const e of evals) {
+          group.insertBefore(el("div", { class: "problem", "data-errored-eval": e.step },
+            `${policy}: the evaluation at step ${e.step}${e.task_set ? " (" + e.task_set + ")" : ""} errored on all ${e.errors} tasks: not charted as accuracy`), grid);
+        }
+      }
     }
-    const xs = [...new Set(names.flatMap((p) => policies[p][key].x))].sort((a, b) => a - b);
+    box.append(group);
+    const list = groups[g] || [];
+    const notes = (series && series.notes) || {};
+    for (const [key, title, note] of HEADLINE[g] || []) {
+      if (!list.some((s) => s.key === key || s.key.startsWith(key + "/"))) {
+        grid.append(el("div", { class: "chart", "data-chart": key }, el("h3", {}, title), el("div", { class: "note" }, notes[note] || "no data yet")));
+      }
+    }
+    if (!list.length && !(HEADLINE[g] || []).length) grid.append(el("div", { class: "note" }, "nothing logged in this group yet"));
+    for (const s of list) {
+      const card = el("div", { class: "chart", "data-chart": s.key }, el("h3", {}, s.title));
+      grid.append(card);
+      cards.push([s, card]);
+    }
+  }
+  // every card first, then the charts: each is as wide as its grid cell once all are placed
+  for (const [s, card] of cards) {
+    const names = Object.keys(s.policies).filter((p) => s.policies[p].x.length);
+    const xs = [...new Set(names.flatMap((p) => s.policies[p].x))].sort((a, b) => a - b);
     const data = [xs, ...names.map((p) => {
-      const m = new Map(policies[p][key].x.map((x, i) => [x, policies[p][key].y[i]]));
+      const m = new Map(s.policies[p].x.map((x, i) => [x, s.policies[p].y[i]]));
       return xs.map((x) => (m.has(x) ? m.get(x) : null));
     })];
     new uPlot({
-      width: Math.max(260, card.clientWidth - 4), height: 200,
+      width: Math.max(260, card.clientWidth - 4), height: 180,
       scales: { x: { time: false } },
-      series: [{ label: "step" }, ...names.map((p, i) => ({ label: p, stroke: COLORS[i % COLORS.length], spanGaps: true, points: { show: key === "accuracy" } }))],
+      series: [{ label: "step" }, ...names.map((p, i) => ({ label: p, stroke: COLORS[i % COLORS.length], spanGaps: true, points: { show: xs.length < 3 || s.key.startsWith("accuracy") } }))],
       axes: [{ label: "trainer step" }, {}],
     }, data, card);
   }
@@ -58,8 +77,16 @@ function drawStatus(summary) {
   const st = summary.status;
   document.getElementById("run").textContent = "AstraFlow · " + (summary.run || "run");
   const state = document.getElementById("state");
-  state.textContent = summary.live ? "running" : "finished";
-  state.className = summary.live ? "live" : "done";
+  const fin = summary.final;
+  const outcome = fin && fin.outcome;
+  state.textContent = summary.live ? "running" : outcome ? "finished: " + outcome : "finished";
+  state.className = summary.live ? "live" : outcome && outcome !== "done" ? "failed" : "done";
+  const ended = document.getElementById("ended");
+  ended.replaceChildren();
+  if (!summary.live && fin && fin.reason) {
+    ended.append(el("div", { class: outcome === "done" ? "done" : "problem", "data-stop-reason": outcome },
+      `ended${fin.ended ? " " + new Date(fin.ended * 1000).toLocaleString() : ""}: ${fin.reason}` + (fin.services ? ` · ${fin.services}` : "")));
+  }
   document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
   const tbody = document.querySelector("#policies tbody");
   tbody.replaceChildren();
