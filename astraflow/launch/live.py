@@ -13,9 +13,11 @@ nodes are not trusted, and Rich reads a ``str`` as markup and passes escape sequ
 from __future__ import annotations
 
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
@@ -35,6 +37,10 @@ def _fmt(v: Any, nd: int = 3) -> str:
     return str(v)
 
 
+#: steps the ETA's pace is measured over (recent steps: the first ones wait for rollouts to fill)
+ETA_WINDOW = 10
+
+
 class MetricsTail:
     """Follows ``metrics.jsonl`` incrementally: newest step record per policy, step rates."""
 
@@ -44,11 +50,12 @@ class MetricsTail:
         self.last_step: dict[str, dict] = {}
         self.first_time: dict[str, float] = {}
         self.samples: dict[str, int] = {}
+        self.step_times: dict[str, deque[float]] = {}
 
     def poll(self) -> dict[str, dict]:
         rewritten, records = self.follower.poll()
         if rewritten:  # a rewound timeline: the file was rewritten, read it afresh
-            self.last_step, self.first_time, self.samples = {}, {}, {}
+            self.last_step, self.first_time, self.samples, self.step_times = {}, {}, {}, {}
         for rec in records:
             if rec.get("type") != "step":
                 continue
@@ -56,7 +63,24 @@ class MetricsTail:
             self.first_time.setdefault(policy, rec.get("time", time.time()))
             self.samples[policy] = self.samples.get(policy, 0) + int(rec.get("samples", 0))
             self.last_step[policy] = rec
+            if isinstance(rec.get("time"), (int, float)):
+                window = self.step_times.setdefault(policy, deque(maxlen=ETA_WINDOW + 1))
+                window.append(float(rec["time"]))
         return self.last_step
+
+    def seconds_per_step(self, policy: str) -> float | None:
+        """The recent pace of ``policy``'s steps (over the last :data:`ETA_WINDOW` steps)."""
+        times = self.step_times.get(policy)
+        if not times or len(times) < 2 or times[-1] <= times[0]:
+            return None
+        return (times[-1] - times[0]) / (len(times) - 1)
+
+    def eta_s(self, policy: str, steps: int, max_steps: int) -> float | None:
+        """Seconds until ``policy`` reaches ``max_steps`` at its recent pace (None: unknown)."""
+        pace = self.seconds_per_step(policy)
+        if pace is None:
+            return None
+        return max(0, max_steps - steps) * pace
 
     def samples_per_s(self, policy: str) -> float | None:
         rec = self.last_step.get(policy)
@@ -84,6 +108,34 @@ def _counts(d: dict[str, int]) -> str:
 
 def _age(seconds: float) -> str:
     return f"{seconds:.1f}s" if seconds < 60 else f"{seconds / 60:.1f}m"
+
+
+def duration(seconds: float | None) -> str:
+    """``45s``, ``12m05s``, ``3h07m``: an ETA or elapsed time a person reads at a glance."""
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def short_id(node_id: str) -> str:
+    """``node-5f29e11b`` for ``node-5f29e11b22a14177``: enough to tell nodes apart in a table
+    that fits 100 columns (``GET /status`` has the full id)."""
+    return node_id[:13]
+
+
+def run_eta(st: DataflowStatus, tail: MetricsTail | None) -> float | None:
+    """Seconds until the slowest trainable policy reaches its max_steps (None: not known yet)."""
+    if tail is None:
+        return None
+    etas = [
+        tail.eta_s(name, p.steps, p.max_steps) for name, p in st.policies.items() if p.trainable
+    ]
+    return None if not etas or any(e is None for e in etas) else max(etas)
 
 
 def drop_text(st: DataflowStatus) -> str:
@@ -167,20 +219,22 @@ def render(st: DataflowStatus, tail: MetricsTail | None = None) -> Group:
     )
 
     evals = latest_evals(st)
-    pol = Table(title="policies", expand=True)
-    cols = ["policy", "step", "version", "eval acc"]
+    # short headers, no vertical rules: the view fits 100 columns (it needed ~150)
+    pol = Table(title="policies", expand=True, box=box.SIMPLE_HEAD, padding=(0, 1))
+    cols = ["policy", "step", "ver", "eval acc"]
     if tail:
-        cols += ["reward", "samples/s", "staleness (mean)"]
-    cols += ["buffer groups", "buffer samples", "unacked", "trainer idle", "staleness (acked)"]
+        cols += ["reward", "smp/s", "stale", "ETA"]
+    cols += ["buffer", "unacked", "idle"]
     for col in cols:
         pol.add_column(col, justify="left" if col == "policy" else "right", overflow="fold")
+    acked = []
     for name, p in sorted(st.policies.items()):
         ev = evals.get(name)
         row = [
             safe_text(name, 80) + ("" if p.trainable else " (frozen)"),
             f"{p.steps}/{p.max_steps}",
             _fmt(p.latest_version),
-            f"{ev.accuracy:.3f} @v{ev.version}" if ev else "-",
+            f"{ev.accuracy:.3f}@v{ev.version}" if ev else "-",
         ]
         if tail:
             rec = last.get(name, {})
@@ -188,39 +242,30 @@ def render(st: DataflowStatus, tail: MetricsTail | None = None) -> Group:
                 _fmt(rec.get("reward_mean")),
                 _fmt(tail.samples_per_s(name), 1),
                 _fmt(rec.get("staleness_mean"), 2),
+                duration(tail.eta_s(name, p.steps, p.max_steps)) if p.trainable else "-",
             ]
         row += [
-            str(p.buffer_groups),
-            str(p.buffer_samples),
+            f"{p.buffer_groups}g/{p.buffer_samples}s",
             str(p.unacked_batches),
             _fmt(p.trainer_idle, 2),
-            safe_text(_counts(p.staleness), None),
         ]
         pol.add_row(*row)
+        if p.staleness:
+            acked.append(f"{safe_text(name, 80, markup=False)} {_counts(p.staleness)}")
 
-    nodes = Table(title="rollout nodes", expand=True)
-    for col in (
-        "node",
-        "name",
-        "region",
-        "state",
-        "heartbeat",
-        "versions",
-        "leases",
-        "episodes",
-        "episodes/s",
-        "tokens/s",
-    ):
-        nodes.add_column(col, overflow="fold")
+    nodes = Table(title="rollout nodes", expand=True, box=box.SIMPLE_HEAD, padding=(0, 1))
+    for col in ("node", "name", "region", "state", "seen", "versions", "leases", "episodes",
+                "ep/s", "tok/s"):  # fmt: skip
+        nodes.add_column(col, overflow="fold", min_width=13 if col == "node" else None)
     for n in st.nodes:
         color = {"active": "green", "silent": "red", "left": "dim"}.get(n.state, "white")
         # every cell is the node's own text: escaped and cleaned (a node named "[/]" is a name)
         nodes.add_row(
-            safe_text(n.id, 80),
+            safe_text(short_id(safe_text(n.id, None, markup=False)), 80),
             safe_text(n.name, 80),
             safe_text(n.region, 60),
             f"[{color}]{safe_text(n.state, 20)}[/]",
-            _age(n.seconds_since_heartbeat) + " ago",
+            _age(n.seconds_since_heartbeat),
             " ".join(f"{safe_text(k, 60)}:v{v}" for k, v in n.versions.items()),
             str(n.active_leases),
             str(n.episodes),
@@ -229,6 +274,8 @@ def render(st: DataflowStatus, tail: MetricsTail | None = None) -> Group:
         )
 
     parts: list[RenderableType] = [header, pol]
+    if acked:  # versions behind of the samples each policy trained on, as a histogram
+        parts.append(Text("staleness of trained samples: " + "; ".join(acked), overflow="fold"))
     problems = problem_lines(st)
     if problems:
         parts.append(Text("\n".join(problems), style="yellow", overflow="fold"))
@@ -237,7 +284,7 @@ def render(st: DataflowStatus, tail: MetricsTail | None = None) -> Group:
     if unlisted:
         parts.append(Text(unlisted, style="dim", overflow="fold"))
     if st.evaluations:
-        table = Table(title="evaluations", expand=True)
+        table = Table(title="evaluations", expand=True, box=box.SIMPLE_HEAD, padding=(0, 1))
         for col in ("policy", "version", "step", "task set", "progress", "accuracy", "errors"):
             table.add_column(col, overflow="fold")
         for e in st.evaluations:
@@ -271,8 +318,12 @@ def render_status(
     procs = "  ".join(
         f"{s.name}:{'up' if s.alive() else f'exit {s.returncode()}'}" for s in services
     )
+    eta = run_eta(st, tail)
+    timing = f"elapsed {duration(time.time() - started)}" + (
+        f" · ETA {duration(eta)}" if eta is not None else ""
+    )
     head: list[RenderableType] = [
-        Text(safe_text(f"elapsed {time.time() - started:5.0f}s · {procs}", None, markup=False))
+        Text(safe_text(f"{timing} · {procs}", None, markup=False), overflow="fold")
     ]
     if autoscale:
         head.append(Text(safe_text(autoscale, None, markup=False), style="cyan", overflow="fold"))
@@ -295,10 +346,12 @@ def status_line(
     for name, p in sorted(st.policies.items()):
         reward = last.get(name, {}).get("reward_mean")
         ev = evals.get(name)
+        eta = tail.eta_s(name, p.steps, p.max_steps) if tail and p.trainable else None
         parts.append(
             f"{name}: step {p.steps}/{p.max_steps} v{_fmt(p.latest_version)}"
             + (f" reward {reward:.3f}" if isinstance(reward, (int, float)) else "")
             + (f" eval {ev.accuracy:.3f}@v{ev.version}" if ev else "")
+            + (f" ETA {duration(eta)}" if eta is not None else "")
         )
     line = f"[{elapsed:6.0f}s] " + " | ".join(parts)
     drops = drop_text(st)

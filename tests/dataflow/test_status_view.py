@@ -204,3 +204,31 @@ def test_status_lists_a_bounded_number_of_nodes_and_counts_them_all(tmp_path, mo
         assert s.regions["us"].silent == 1
         # the live view says how many it does not show
         assert "3 of 5 registered nodes shown" in _text(render(st))
+
+
+def test_live_view_fits_100_columns_with_an_eta(running, tmp_path):
+    """The launcher's view needed ~150 columns and had no ETA: at 100 every header and cell is
+    whole (no word folded), and each policy's ETA comes from its recent step pace."""
+    from astraflow.launch.live import duration
+
+    _, client = running
+    st = client.status()
+    metrics = tmp_path / "metrics.jsonl"
+    steps = [{"type": "step", "policy": "policy", "time": 100.0 + 3.0 * i, "samples": 8,
+              "reward_mean": 0.625, "staleness_mean": 0.5} for i in range(4)]  # fmt: skip
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in steps))
+    tail = MetricsTail(metrics)
+    console = Console(width=100, record=True, color_system=None)
+    console.print(render_status(st, [], "runs/quickstart", started=0.0, tail=tail))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 100
+    words = set(text.split())
+    # 5 steps to go at 3 s a step (the policy is at 0/5: the status is the service's)
+    assert tail.eta_s("policy", 0, 5) == 15.0 and "15s" in words and "ETA" in words
+    for header in ("policy", "step", "eval", "acc", "reward", "smp/s", "stale", "buffer",
+                   "node", "region", "state", "versions", "leases", "episodes", "tok/s"):  # fmt: skip
+        assert header in words, f"{header!r} folded or missing:\n{text}"
+    node = st.nodes[0]
+    assert node.id[:13] in words and "box-1" in words and "policy:v0" in words
+    assert duration(45) == "45s" and duration(725) == "12m05s" and duration(11220) == "3h07m"
+    assert "ETA" in status_line(st, 12.0, MetricsTail(metrics))
