@@ -244,12 +244,14 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise RecipeError(f"{path}: not valid TOML: {exc}") from None
-    return recipe_from_dict(anchor_paths(data, path.parent), overrides, source=str(path))
+    return recipe_from_dict(
+        anchor_paths(data, path.parent), overrides, source=str(path), overrides_base=Path.cwd()
+    )
 
 
 #: (section path, key) of the input files a recipe names; "*" is every entry of a table or list
 _INPUT_PATHS = (
-    (("policies", "*"), "accelerate_config"),
+    (("policies", "*", "trainer"), "accelerate_config"),
     (("tasks", "sets", "*", "kwargs"), "path"),
     (("tasks", "sets", "*", "kwargs"), "data_dir"),
     (("security",), "cert_file"),
@@ -307,14 +309,24 @@ def anchor_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
 
 
 def recipe_from_dict(
-    data: dict[str, Any], overrides: list[str] | None = None, source: str = "<recipe>"
+    data: dict[str, Any],
+    overrides: list[str] | None = None,
+    source: str = "<recipe>",
+    overrides_base: Path | None = None,
 ) -> Recipe:
-    """Validate already-parsed recipe data (after applying ``overrides``)."""
+    """Validate already-parsed recipe data (after applying ``overrides``).
+
+    With ``overrides_base`` (the working directory, for ``--set`` on the command line), input
+    files the overrides name are made absolute against it, as the recipe's own are against its
+    folder: the run directory's copy of the recipe, which every service (and a node joining from
+    another machine through ``GET /recipe``) loads, then names the file the user meant."""
     overrides = list(overrides or [])
     try:
         data = apply_overrides(data, overrides)
     except RecipeError as exc:
         raise RecipeError(f"{source}: {exc}") from None
+    if overrides and overrides_base is not None:
+        data = anchor_paths(data, overrides_base)  # the recipe's own are absolute already
     overridden = {".".join(parse_override(o)[0]) for o in overrides}
     try:
         return Recipe.model_validate(data)

@@ -37,3 +37,26 @@ def test_inputs_resolve_against_the_recipe_folder(tmp_path, monkeypatch):
     assert [c.error for c in check_sets(recipe)] == [None, None]
     # the run directory's copy (what nodes load) holds the absolute paths
     assert str(folder.resolve() / "data") in recipe_to_toml(recipe)
+
+
+def test_set_inputs_resolve_against_the_working_directory(tmp_path, monkeypatch):
+    """A --set input file is the working directory's (as the docs say), made absolute at load so
+    the run directory's copy names it for every service; the recipe's own accelerate config (under
+    ``trainer``) is anchored to the recipe's folder (it was left relative)."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "r.toml").write_text(
+        '[policies.policy]\nmodel = "builtin:tiny-arith"\n'
+        '[policies.policy.trainer]\naccelerate_config = "fsdp.yaml"\n'
+    )
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    sets = 'tasks.sets=[{ name = "jsonl", kwargs = { path = "mine/{split}.jsonl" } }]'
+    recipe = load_recipe(folder / "r.toml", [sets, "run.output_dir=out"])
+    assert recipe.tasks.sets[0].kwargs["path"] == str(cwd.resolve() / "mine" / "{split}.jsonl")
+    assert recipe.policies["policy"].trainer.accelerate_config == folder.resolve() / "fsdp.yaml"
+    assert recipe.run.output_dir == Path("out")  # outputs stay the working directory's, relative
+    mine = 'policies.policy.trainer.accelerate_config="ddp.yaml"'
+    again = load_recipe(folder / "r.toml", [mine])
+    assert again.policies["policy"].trainer.accelerate_config == cwd.resolve() / "ddp.yaml"
