@@ -78,6 +78,7 @@ def train_policies(
     from astraflow.trainer.adapters import SharedBase, run_side_by_side
     from astraflow.trainer.grpo import build_trainer, resolve_precision
     from astraflow.trainer.source import DataflowBatchSource
+    from astraflow.weights.publisher import BackgroundPublisher
 
     for policy in policies:
         if policy not in recipe.policies:
@@ -100,6 +101,7 @@ def train_policies(
         _, dtype = resolve_precision(first)
         shared = SharedBase.load(recipe.model_of(policies[0]), dtype)
     clients = []
+    publishers: list[BackgroundPublisher] = []
     jobs = {}
     try:
         for policy in policies:
@@ -109,6 +111,12 @@ def train_policies(
             clients.append(client)
             publisher = (publish or {}).get(policy)
             announcer = _Announcer(publisher, client) if publisher is not None else None
+            # the step returns once the weights are copied to host memory; writing and
+            # announcing the version run in the background (astraflow.weights.publisher)
+            background = None
+            if announcer is not None:
+                background = BackgroundPublisher(announcer, name=f"publish-{policy}")
+                publishers.append(background)
             adapter = adapter_specs(recipe, [policy])[0] if spec.base is not None else None
             trainer = build_trainer(
                 recipe.model_of(policy),
@@ -118,7 +126,7 @@ def train_policies(
                 policy,
                 max_steps=recipe.run.max_steps,
                 seed=recipe.run.seed,
-                publish=announcer,
+                publish=background,
                 on_step=(on_step or {}).get(policy),
                 temperature=spec.sampling.temperature,
                 max_completion_length=recipe.max_completion_length(policy),
@@ -131,10 +139,17 @@ def train_policies(
                 announcer.facts.update(trainer.model_facts())
             jobs[policy] = partial(trainer.run, resume=resume)
         versions = run_side_by_side(jobs)
+        for background in publishers:  # the newest version is written and announced
+            background.flush()
         if shared is not None:
             shared.check_unchanged(recipe.model_of(policies[0]))
         return versions
     finally:
+        for background in publishers:
+            try:
+                background.close()
+            except Exception:  # already raised by flush(), or the run failed before it
+                pass
         for client in clients:
             client.close()
 

@@ -108,7 +108,8 @@ def run_trainer(opts: TrainerOptions) -> dict[str, int]:
             # versions after this one belong to a run interrupted before checkpointing them
             store.discard_from(policy, version + 1)
             with Stopwatch(metrics[policy].publish):
-                written = store.publish(policy, version, state)
+                # a private host copy (BackgroundPublisher's snapshot): no second copy
+                written = store.publish(policy, version, state, copy=False)
             store.gc(policy, keep)
             log.info("published %s v%d", policy, version)
             return written

@@ -26,7 +26,7 @@ from typing import Any
 from astraflow.errors import AstraFlowError
 from astraflow.protocol import WeightVersion
 from astraflow.weights.delta import SparseDelta
-from astraflow.weights.digest import bytes_digest, state_digest
+from astraflow.weights.digest import DIGEST_PREFIX, bytes_digest, state_digest
 
 FULL_FILE = "model.safetensors"
 #: The one safetensors metadata key of a snapshot: JSON with the state digest and the version.
@@ -54,6 +54,25 @@ def snapshot_bytes(state: Mapping[str, Any], digest: str, version: int) -> bytes
 
     meta = json.dumps({"digest": digest, "version": version}, sort_keys=True)
     return save(dict(state), metadata={SNAPSHOT_METADATA_KEY: meta})
+
+
+def write_snapshot(path: Path, state: Mapping[str, Any], digest: str, version: int) -> int:
+    """Write the snapshot file of ``state`` (the bytes :func:`snapshot_bytes` gives) straight to
+    ``path``; returns its size. Why not ``snapshot_bytes`` then a write: serialising to a bytes
+    object held a second full copy of the model in memory (and took as long as the write)."""
+    from safetensors.torch import save_file
+
+    meta = json.dumps({"digest": digest, "version": version}, sort_keys=True)
+    save_file(dict(state), str(path), metadata={SNAPSHOT_METADATA_KEY: meta})
+    return path.stat().st_size
+
+
+def file_digest(path: Path) -> str:
+    """``sha256:<hex>`` of a file, read in chunks (from the page cache, just written)."""
+    import hashlib
+
+    with open(path, "rb") as f:
+        return DIGEST_PREFIX + hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def check_policy(policy: str) -> str:
@@ -146,11 +165,17 @@ class WeightStore:
         return load_file(str(self.full_path(policy, version)))
 
     # ----------------------------------------------------------------- writes
-    def publish(self, policy: str, version: int, tensors: Mapping[str, Any]) -> WeightVersion:
-        """Write ``version`` (snapshot + delta from ``version - 1`` when that exists) atomically."""
+    def publish(
+        self, policy: str, version: int, tensors: Mapping[str, Any], *, copy: bool = True
+    ) -> WeightVersion:
+        """Write ``version`` (snapshot + delta from ``version - 1`` when that exists) atomically.
+
+        ``copy=False``: ``tensors`` are already a private host copy (a
+        :class:`~astraflow.weights.publisher.BackgroundPublisher` snapshot) that the store may
+        keep as the base of the next delta; copying again would hold the model twice."""
         target = self.version_dir(policy, version)
         existing = self.versions(policy)
-        state = _cpu_state(tensors)
+        state = _cpu_state(tensors) if copy else dict(tensors)
         digest = state_digest(state)
         if version in existing and self.meta(policy, version)["digest"] == digest:
             return self.weight_version(policy, version)  # a retried publish: nothing to do
@@ -160,15 +185,27 @@ class WeightStore:
                 f"than that, got {version} (a trainer resuming from an older checkpoint calls "
                 f"discard_from(policy, {version}) first)"
             )
-        full = snapshot_bytes(state, digest, version)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".v{version}.", dir=target.parent))
+        try:
+            return self._write_version(policy, version, state, digest, tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def _write_version(
+        self, policy: str, version: int, state: dict[str, Any], digest: str, tmp: Path, target: Path
+    ) -> WeightVersion:
+        """Write the version's files under ``tmp``, then rename it to ``target`` (all or none)."""
+        full_size = write_snapshot(tmp / FULL_FILE, state, digest, version)
         meta: dict[str, Any] = {
             "policy": policy,
             "version": version,
             "location": self.location,
             "digest": digest,
             "parent": None,
-            "full_bytes": len(full),
-            "full_sha256": bytes_digest(full),
+            "full_bytes": full_size,
+            "full_sha256": file_digest(tmp / FULL_FILE),
             "delta_bytes": None,
             "delta_file": None,
             "delta_sha256": None,
@@ -188,21 +225,13 @@ class WeightStore:
                 delta_sha256=bytes_digest(delta_bytes),
             )
         meta["created_at"] = time.time()
-
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".v{version}.", dir=target.parent))
-        try:
-            (tmp / FULL_FILE).write_bytes(full)
-            if delta_bytes is not None:
-                (tmp / meta["delta_file"]).write_bytes(delta_bytes)
-            (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-            for f in tmp.iterdir():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
-            os.rename(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        if delta_bytes is not None:
+            (tmp / meta["delta_file"]).write_bytes(delta_bytes)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        os.rename(tmp, target)
         self._last[policy] = (version, digest, state)
         return self.weight_version(policy, version)
 
