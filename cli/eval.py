@@ -401,23 +401,9 @@ def _make_engine(engine: str, model_path: str, device: str, engine_args: dict):
     kwargs = dict(engine_args)
     if engine == "transformers":
         kwargs.setdefault("device", device)
-        model_path = local_checkpoint(model_path)
+    # a hub id resolves in the local HF cache there (ModelNotCached, a FileNotFoundError, says
+    # what to do when it is not)
     return make_engine(engine, model_path, **kwargs)
-
-
-def local_checkpoint(model: str) -> str:
-    """A Hugging Face id -> its snapshot in the local HF cache (never downloads); paths unchanged."""
-    if Path(model).exists() or model.count("/") != 1:
-        return model
-    try:
-        from huggingface_hub import snapshot_download
-
-        return snapshot_download(model, local_files_only=True)
-    except Exception as exc:
-        raise FileNotFoundError(
-            f"{model!r} is not a local path and not in the local Hugging Face cache ({exc}); "
-            f"download it first, e.g. `huggingface-cli download {model}`"
-        ) from None
 
 
 def parse_engine_args(items: list[str], flag: str = "--engine-arg") -> dict:

@@ -1,11 +1,10 @@
 """Runs that cannot train stop within ``run.stall_s`` with the cause named, and exit non-zero.
 
-Three real `astraflow train` runs on the CPU (real services, real episodes on the built-in tiny
+Real `astraflow train` runs on the CPU (real services, real episodes on the built-in tiny
 policy), each broken the way a new user breaks one:
 
 - constant reward: answers the policy can never write, so the zero-variance filter drops every
   group (reward 0.0 everywhere);
-- a workflow name with a typo: every node pushes the task's episodes as failed, naming it;
 - an OpenAI-SDK agent that asks for a model that is no role: every call is answered 404.
 
 Without the stall check each of these sat at step 0 until ``--timeout``.
@@ -100,12 +99,36 @@ def test_constant_reward_stops_naming_the_reward_and_the_filter(tmp_path):
     assert took < 300
 
 
-def test_unknown_workflow_stops_naming_it(tmp_path):
-    proc, _ = train(recipe(tmp_path, workflow='name = "single-agent"'))
-    err = stopped_for(proc)
-    assert "all " in err and "episodes since the last step failed" in err
-    assert "episode_error:" in err and "unknown workflow 'single-agent'" in err
-    assert "did you mean single_agent" in err
+@pytest.mark.refused_before_start
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (
+            {"workflow": 'name = "single-agent"'},
+            ["workflow.name: unknown workflow 'single-agent'", "did you mean single_agent"],
+        ),
+        ({"env": "astraflow/Maths-v0"}, ["astraflow/Maths-v0", "astraflow/Math-v0"]),
+        ({"model": "builtin:tiny-arithm"}, ["policies.policy.model", "tiny-arithm"]),
+    ],
+    ids=["workflow", "env", "model"],
+)
+def test_a_misspelt_workflow_env_or_model_is_refused_before_start(tmp_path, change, named):
+    """`train` runs every check `recipe check` runs before a service starts: a workflow typo
+    ran 150 s and 123,164 failed episodes, a wrong env id 149 s; now seconds, naming the key and
+    the fix, and no run directory is made."""
+    path = recipe(tmp_path, **({"workflow": change["workflow"]} if "workflow" in change else {}))
+    text = path.read_text()
+    if "env" in change:
+        text = text.replace('env = "astraflow/Math-v0"', f'env = "{change["env"]}"')
+    if "model" in change:
+        text = text.replace('model = "builtin:tiny-arith"', f'model = "{change["model"]}"')
+    path.write_text(text)
+    proc, took = train(path)
+    err = " ".join(proc.stderr.split())
+    assert proc.returncode == 1 and "problem" in err and "before start" in err, err[-2000:]
+    for needle in named:
+        assert needle in err, (needle, err[-2000:])
+    assert took < 15 and not (tmp_path / "runs").exists()
 
 
 def test_agent_asking_for_an_unknown_model_stops_with_the_404(tmp_path):

@@ -45,16 +45,17 @@ def test_quickstart_values():
 
 def test_round_trip_of_awkward_values(tmp_path: Path):
     text = MINIMAL + (
-        '[policies.policy.engine_args]\n"odd key" = "quote \\" back\\\\slash\\nnew\\tline"\n'
+        '[policies.policy.trainer.extra]\n"odd key" = "quote \\" back\\\\slash\\nnew\\tline"\n'
         "nested = { a = [1, 2.5, true], b = {} }\n"
         '[policies.judge]\nmodel = "gpt"\nengine = "openai"\ntrainable = false\n'
+        'engine_args = { base_url = "http://judge:8000/v1" }\n'
         'sampling = { stop = ["\\n\\n", "</answer>"] }\n'
         '[workflow]\nroles = { solver = "policy", verifier = "judge" }\n'
     )
     recipe = load_recipe(write(tmp_path, text, "ok.toml"))
     again = recipe_from_dict(tomllib.loads(recipe_to_toml(recipe)))
     assert again == recipe
-    assert again.policies["policy"].engine_args["odd key"] == 'quote " back\\slash\nnew\tline'
+    assert again.policies["policy"].trainer.extra["odd key"] == 'quote " back\\slash\nnew\tline'
 
 
 # (recipe text, overrides, substrings the message must contain: file, key path, value, expectation)
