@@ -4,6 +4,10 @@ Why a module of its own: the list was written out in three places (the recipe's 
 factory's ``ENGINE_KINDS``, the CLI's checks and help texts) and a new engine had to be added to
 each. It imports only the standard library, so the CLI can build its help texts from it at start-up
 without importing pydantic (the recipe schema) or the weights code (the engines package).
+
+The arguments each kind accepts (``policies.NAME.engine_args``) are declared beside the engines,
+one typed model per kind, in :data:`astraflow.rollout.engines.args.ENGINE_ARGS` (a test holds its
+keys to this list): they need pydantic, which this module does not import.
 """
 
 from __future__ import annotations

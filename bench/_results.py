@@ -104,6 +104,8 @@ class RunJournal:
     def __init__(self, path: Path, settings: dict[str, Any]) -> None:
         self.path = path
         self._done: dict[tuple[str, str, int], RunResult] = {}
+        #: every failed or timed-out attempt, in order (:func:`failure_entry`); kept for the JSON
+        self.failures: list[dict[str, Any]] = []
         header = json.loads(json.dumps({"settings": settings}))  # as it reads back
         if path.exists() and path.stat().st_size:
             first, *rest = path.read_text().splitlines()
@@ -116,6 +118,9 @@ class RunJournal:
                 if line.strip():
                     rec = json.loads(line)
                     run = RunResult.from_json(rec["run"])
+                    if rec.get("failed"):
+                        self.failures.append(failure_entry(rec["case"], run))
+                        continue
                     self._done[(rec["case"], run.system, run.seed)] = run
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -125,17 +130,40 @@ class RunJournal:
         return len(self._done)
 
     def run(self, case: str, system: str, seed: int, job: Callable[[], RunResult]) -> RunResult:
-        """The journal's run of ``(case, system, seed)`` when it finished before, else ``job()``
-        (recorded when it succeeded: a failed run is tried again next time)."""
+        """The journal's run of ``(case, system, seed)`` when it finished before, else ``job()``.
+
+        Every outcome is recorded: a success is reused next time; a failure (a crash, a
+        timeout) is written with ``"failed": true`` and tried again next time, but it stays in
+        :attr:`failures`, which the bench writes into its JSON (``failed_runs``): a failure is
+        never re-run silently."""
         done = self._done.get((case, system, seed))
         if done is not None:
             return done
         result = job()
+        line: dict[str, Any] = {"case": case, "run": result.to_json()}
+        if not result.ok:
+            line["failed"] = True
+            self.failures.append(failure_entry(case, result))
+        with self.path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
         if result.ok:
-            with self.path.open("a") as f:
-                f.write(json.dumps({"case": case, "run": result.to_json()}) + "\n")
             self._done[(case, system, seed)] = result
         return result
+
+
+def failure_entry(case: str, run: RunResult) -> dict[str, Any]:
+    """One failed attempt as the JSON's ``failed_runs`` lists it: which run, whether it timed
+    out (the harness's "killed after" / "timed out"), its wall time and its error's first line."""
+    error = (run.error or "failed without an error message").strip()
+    first = error.splitlines()[0] if error else ""
+    return {
+        "case": case,
+        "system": run.system,
+        "seed": run.seed,
+        "timed_out": "killed after" in error or "timed out" in error.lower(),
+        "wall_s": run.wall_s,
+        "error": first[:300],
+    }
 
 
 def _without_seeds(value: Any) -> Any:

@@ -22,8 +22,18 @@ any try is right), sampling, learning rate, group size, loss (DAPO, beta 0) and 
 * ``astraflow_async``: the same recipe, default asynchronous dataflow: ~1000 episodes in flight on
   the node, most of them waiting on the tool, while the trainer trains on what has come back.
 
-Reported: time to a fixed target set before any run (the start accuracy + 0.03) and to a fixed
-ladder of held-out accuracies (0.20-0.40; greedy, first answer, on the arith test split, evaluated
+Headline, declared in code before a run (:class:`Declared`, one frozen dataclass: seeds, run size,
+target, sustained window, ladder, wall-clock budgets, non-inferiority margin; its hash is the JSON's
+``declared_hash``): time to the start accuracy + 0.03 *sustained* (the mean of two consecutive
+evaluations at or above it), seeds paired, every seed counted (both reached / only the system /
+only the baseline / neither): ``speedup_vs_trl_sustained``, ``speedup_async_over_sync_sustained``
+and their ``*_paired`` tables; beside it ``target_ladder`` (start + 0.01, 0.02, 0.03 and the
+baselines' median final accuracy), ``acc_at_equal_wallclock`` and ``final_acc_at_equal_samples``
+(against the declared margin); ``failed_runs`` lists every failed or timed-out run. A stored
+file is re-analysed from its per-seed curves, nothing run, with ``--reanalyse JSON``.
+
+Earlier figures, kept beside the declared ones: time to the first evaluation at or above the start
+accuracy + 0.03 (first crossing) and to a fixed ladder of held-out accuracies (0.20-0.40; greedy, first answer, on the arith test split, evaluated
 by the bench off every system's clock as in ``vs_trl.py``), with seeds paired: per-seed speed-ups
 (geometric mean, 95 % interval) and the final-accuracy gap async minus sync at equal trained
 samples (mean, 95 % interval); keys ``speedup_vs_trl``, ``speedup_async_over_sync`` (ratios of
@@ -73,16 +83,22 @@ keeps the finished runs so a rerun skips them.
     python bench/agentic.py --json /tmp/agentic.json --plot /tmp/agentic.png  # 8 seeds x 20 steps
     python bench/agentic.py --cases sandbox --json /tmp/agentic-sandbox.json
     python bench/agentic.py --quick --cases tools --json /tmp/agentic-tools.json  # ~6 min
+    python bench/agentic.py --reanalyse docs/results/agentic.json  # declared figures, no run
+
+A headline ``--json`` (not ``--quick``) is refused from a tree with uncommitted changes unless
+``--allow-dirty``, which the JSON records (``allow_dirty``).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -148,6 +164,55 @@ LADDER = tuple(round(0.20 + 0.01 * i, 2) for i in range(21))
 #: The headline target: the start accuracy plus this, fixed before any run (the start is the
 #: same checkpoint for every system). Not a point of any system's result distribution.
 TARGET_GAIN = 0.03
+
+
+@dataclass(frozen=True)
+class Declared:
+    """The math case's headline, fixed in code before a run: seeds, run size, targets, the
+    sustained criterion, the ladder, the wall-clock budgets and the non-inferiority margin. Its
+    hash goes into the JSON (``declared_hash``), so a figure names the rules it was computed
+    under, and changing a rule changes the hash (and needs a decisions entry).
+
+    * headline: ``speedup_vs_trl_sustained``, time to ``start + target_gain`` *sustained* (the
+      mean of ``sustained_window`` consecutive evaluations at or above it,
+      :func:`_stats.time_to_sustained`), TRL over AstraFlow async, seeds paired; censoring
+      counted both ways (``only_system`` / ``only_baseline``).
+    * ladder: ``start + g`` for each of ``ladder_gains`` and the median final accuracy of each
+      system of ``ladder_baseline_finals`` (the level "as good as the baseline ends").
+    * accuracy at equal wall clock: at each system of ``wallclock_budgets``' median training
+      time, every system's last evaluation by then.
+    * final accuracy at equal trained samples: paired differences against
+      ``noninferiority_margin`` (one evaluation's standard error on 500 problems is ~0.02)."""
+
+    recipe: str = "recipes/agentic_math.toml"
+    systems: tuple[str, ...] = SYSTEMS
+    seeds: int = SEEDS
+    steps: int = STEPS
+    eval_every: int = EVAL_EVERY
+    eval_tasks: int = EVAL_TASKS
+    target_gain: float = TARGET_GAIN
+    sustained_window: int = 2
+    ladder_gains: tuple[float, ...] = (0.01, 0.02, 0.03)
+    ladder_baseline_finals: tuple[str, ...] = ("trl", "astraflow_sync")
+    pairs: tuple[tuple[str, str], ...] = (
+        ("trl", "astraflow_async"),
+        ("astraflow_sync", "astraflow_async"),
+        ("trl", "astraflow_sync"),
+    )
+    wallclock_budgets: tuple[str, ...] = SYSTEMS
+    noninferiority_margin: float = 0.02
+    headline: str = "speedup_vs_trl_sustained"
+
+    def as_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self)))
+
+    def digest(self) -> str:
+        """sha256 of the declared settings (sorted JSON), first 16 hex digits."""
+        text = json.dumps(self.as_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+DECLARED = Declared()
 
 
 # ----------------------------------------------------------------------------- settings
@@ -584,6 +649,184 @@ def analyse(runs: list[_results.RunResult], settings: dict[str, Any]) -> dict[st
     }
 
 
+def analyse_declared(
+    runs: list[_results.RunResult], declared: Declared = DECLARED
+) -> dict[str, Any]:
+    """The declared headline and everything beside it (:class:`Declared`), from the runs'
+    evaluation curves alone (so stored runs can be re-analysed without running them again).
+
+    Only seeds every system finished are raced (paired by seed); a seed some system failed is
+    listed under ``seeds_unpaired``."""
+    ok = _results.successful_runs(runs, declared.systems)
+    by_seed = {s: {r.seed: r.policies["policy"] for r in rs} for s, rs in ok.items()}
+    present = [s for s in declared.systems if by_seed.get(s)]
+    seeds = sorted(set.intersection(*(set(by_seed[s]) for s in present))) if present else []
+    unpaired = sorted({k for s in present for k in by_seed[s]} - set(seeds))
+    curves = {s: [by_seed[s][k].evals for k in seeds] for s in present}
+    before = _stats.spread(by_seed[s][k].accuracy_before for s in present for k in seeds).median
+    target = round(before + declared.target_gain, 4) if before is not None else None
+    window = declared.sustained_window
+    pairs = [(b, s) for b, s in declared.pairs if b in curves and s in curves]
+
+    def finals(s: str) -> list[float | None]:
+        return [by_seed[s][k].accuracy_final for k in seeds]
+
+    levels: dict[str, float] = {}
+    if before is not None:
+        for g in declared.ladder_gains:
+            levels[f"start+{g:.2f}"] = round(before + g, 4)
+    for s in declared.ladder_baseline_finals:
+        med = _stats.spread(finals(s)).median if s in curves else None
+        if med is not None:
+            levels[f"{s} median final"] = round(med, 4)
+    ladder = _stats.target_ladder(curves, levels, pairs, window) if curves else {}
+
+    times = {
+        s: [_stats.time_to_sustained(c, target, window) if target else None for c in curves[s]]
+        for s in present
+    }
+    med = {s: _stats.censored_spread(ts).median for s, ts in times.items()}
+
+    def speedup(base: str, system: str) -> tuple[float | None, dict[str, Any] | None]:
+        if base not in times or system not in times:
+            return None, None
+        return _stats.ratio(med[base], med[system]), _stats.paired_speedup(
+            times[base], times[system]
+        )
+
+    budgets = {
+        f"{s} median training time": _stats.spread(by_seed[s][k].train_s for k in seeds).median
+        for s in declared.wallclock_budgets
+        if s in curves
+    }
+    budgets = {k: v for k, v in budgets.items() if v is not None}
+
+    def diffs(a: str, b: str) -> list[float | None]:
+        return [
+            None if x is None or y is None else x - y
+            for x, y in zip(finals(a), finals(b), strict=True)
+        ]
+
+    margin = declared.noninferiority_margin
+    equal_samples = {
+        f"{s}_minus_{b}": _stats.non_inferiority(diffs(s, b), margin) for b, s in pairs
+    }
+    out: dict[str, Any] = {
+        "declared": declared.as_json(),
+        "declared_hash": declared.digest(),
+        "seeds_paired": seeds,
+        "seeds_unpaired": unpaired,
+        "target_acc_sustained": target,
+        "time_to_target_sustained_s": {
+            s: _stats.spread_json(_stats.censored_spread(ts))
+            | {"reached": sum(t is not None for t in ts)}
+            for s, ts in times.items()
+        },
+        "target_ladder": ladder,
+        "acc_at_equal_wallclock": _stats.acc_at_equal_wallclock(curves, budgets, pairs),
+        "final_acc_at_equal_samples": equal_samples,
+    }
+    for key, (base, system) in {
+        "speedup_vs_trl_sustained": ("trl", "astraflow_async"),
+        "speedup_async_over_sync_sustained": ("astraflow_sync", "astraflow_async"),
+        "speedup_sync_vs_trl_sustained": ("trl", "astraflow_sync"),
+    }.items():
+        out[key], out[f"{key}_paired"] = speedup(base, system)
+    return out
+
+
+def first_crossing_paired(runs: list[_results.RunResult], target: float | None) -> dict[str, Any]:
+    """The earlier metric's paired tables (time to the first evaluation at or above ``target``),
+    recounted with censoring both ways: ``speedup_vs_trl_paired`` and
+    ``speedup_async_over_sync_paired`` as :func:`analyse` writes them, plus ``only_baseline``."""
+    ok = _results.successful_runs(runs, SYSTEMS)
+    by_seed = {s: {r.seed: r.policies["policy"] for r in rs} for s, rs in ok.items()}
+
+    def tta(s: str, k: int) -> float | None:
+        return _records.time_to_accuracy(by_seed[s][k].evals, target) if target else None
+
+    def paired(base: str, system: str) -> dict[str, Any]:
+        seeds = sorted(set(by_seed.get(base, {})) & set(by_seed.get(system, {})))
+        return _stats.paired_speedup([tta(base, k) for k in seeds], [tta(system, k) for k in seeds])
+
+    return {
+        "speedup_vs_trl_paired": paired("trl", "astraflow_async"),
+        "speedup_async_over_sync_paired": paired("astraflow_sync", "astraflow_async"),
+        "speedup_sync_vs_trl_paired": paired("trl", "astraflow_sync"),
+    }
+
+
+def failed_runs(
+    runs: dict[str, list[_results.RunResult]], journal: _results.RunJournal | None = None
+) -> list[dict[str, Any]]:
+    """Every failed or timed-out run, for the JSON: the ones of this invocation (``runs`` by
+    case) and, with a journal, every failed attempt it recorded (a run retried later keeps its
+    failures here)."""
+    seen: list[dict[str, Any]] = [] if journal is None else list(journal.failures)
+    for case, rs in runs.items():
+        for r in rs:
+            if r.ok:
+                continue
+            entry = _results.failure_entry(case, r)
+            if entry not in seen:
+                seen.append(entry)
+    return seen
+
+
+#: The earlier headline metric, kept beside the declared one (see the decisions entry
+#: "agentic headline: sustained time to start + 0.03").
+PREVIOUS_METRIC = (
+    "first crossing: the time of the first evaluation at or above start + 0.03 (speedup_vs_trl, "
+    "speedup_async_over_sync: ratios of censored medians; *_paired: per-seed ratios); before it, "
+    "time to TRL's final accuracy (not met). Replaced because one lucky evaluation decides it and "
+    "seeds where only the baseline reached the target were dropped from the paired table."
+)
+
+
+def reanalyse(path: Path, declared: Declared = DECLARED) -> dict[str, Any]:
+    """Recompute the declared figures of a stored ``--json`` file from its per-seed evaluation
+    curves (no run), keep its earlier figures beside them, and write it back.
+
+    What is added: :func:`analyse_declared`'s keys, the earlier metric's paired tables recounted
+    both ways (:func:`first_crossing_paired`), ``metric_history`` (the earlier headline's figures
+    and rule), ``failed_runs`` and a ``reanalysis`` stamp (commit and tree of this analysis; the
+    file's ``meta`` still names the runs' commit). ``declared_after_runs`` says that the rules
+    were declared after these runs were made: the figures apply them, they were not fixed before
+    the data."""
+    import _stamp
+
+    data = json.loads(Path(path).read_text())
+    runs = [_results.RunResult.from_json(r) for r in data.get("runs") or []]
+    new = analyse_declared(runs, declared)
+    recount = first_crossing_paired(runs, data.get("target_acc"))
+    history = data.get("metric_history") or []
+    if not any(h.get("metric") == "first crossing of start + 0.03" for h in history):
+        history.append(
+            {
+                "metric": "first crossing of start + 0.03",
+                "rule": PREVIOUS_METRIC,
+                "target_acc": data.get("target_acc"),
+                "speedup_vs_trl": data.get("speedup_vs_trl"),
+                "speedup_async_over_sync": data.get("speedup_async_over_sync"),
+                "speedup_sync_vs_trl": data.get("speedup_sync_vs_trl"),
+                "replaced_by": declared.headline,
+            }
+        )
+    stamp = _stamp.stamp(["agentic.py", "--reanalyse", str(path)])
+    data.update(recount)
+    data.update(new)
+    data["metric_history"] = history
+    data["declared_after_runs"] = True
+    data["failed_runs"] = failed_runs({"math": runs})
+    data["failed_runs_recorded"] = (
+        "Earlier failed attempts are not known: the journal these runs were made with re-ran a "
+        "failed run without recording it (it records every failure since issue 43)."
+    )
+    data["reanalysis"] = {k: stamp[k] for k in ("command", "commit", "dirty", "date")}
+    _report.write_json(path, data)
+    return data
+
+
 def quantile(xs: list[float], q: float) -> float | None:
     """Nearest-rank quantile (None for no data)."""
     xs = sorted(xs)
@@ -791,6 +1034,11 @@ def print_report(summary: dict[str, Any], runs: list[_results.RunResult]) -> Non
             + (f" [95% {ci[0]:.2f}-{ci[1]:.2f}x]" if ci else "")
             + f" over {p['reached']} seeds"
             + (f", +{p['only_system']} where only async did" if p["only_system"] else "")
+            + (
+                f", {p['only_baseline']} where only the baseline did"
+                if p.get("only_baseline")
+                else ""
+            )
         )
 
     gap = summary["final_acc_gap_async_vs_sync_paired"]
@@ -963,12 +1211,42 @@ def main(argv: list[str] | None = None) -> int:
         help="append each finished run here (JSON lines) and skip the runs it already holds: "
         "a long run stopped part-way continues",
     )
+    ap.add_argument(
+        "--reanalyse",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="recompute the declared figures of a stored --json file from its per-seed "
+        "evaluation curves (nothing is run) and write them into it, the earlier ones kept",
+    )
+    ap.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="write --json from a tree with uncommitted changes (marked allow_dirty in the "
+        "JSON; docs/results.md does not show it as a headline)",
+    )
     _cli.add_set_flag(ap)
     T.add_worker_args(ap)
     ns = ap.parse_args(argv)
     if ns.trl_worker:
         trl_worker(ns)
         return 0
+    if ns.reanalyse:
+        data = reanalyse(ns.reanalyse)
+        _report.console.print(
+            f"re-analysed {ns.reanalyse} (declared {data['declared_hash']}): async vs TRL "
+            f"sustained {_report.fmt(data['speedup_vs_trl_sustained'], '{:.2f}', 'x')}, "
+            f"async vs sync {_report.fmt(data['speedup_async_over_sync_sustained'], '{:.2f}', 'x')}"
+        )
+        return 0
+    if ns.json and not ns.quick and not ns.allow_dirty and not getattr(ns, "from_json", None):
+        import _stamp
+
+        if _stamp.stamp().get("dirty"):
+            ap.error(
+                "the tree has uncommitted changes: a headline is measured on a clean tree "
+                "(commit first, or pass --allow-dirty, which marks the JSON)"
+            )
 
     settings = recipe_settings(ns.sets)
     seeds = ns.seeds or (1 if ns.quick else SEEDS)
@@ -1067,6 +1345,14 @@ def main(argv: list[str] | None = None) -> int:
                 tools_runs.append(logged("tools", system, seed, label, job, accuracy))
         summary = analyse(runs, settings) if runs else {}
         if runs:
+            summary |= first_crossing_paired(runs, summary.get("target_acc"))
+            summary |= analyse_declared(runs)
+            # runs from an earlier file were made under that file's declaration, if any
+            summary["declared_after_runs"] = bool(ns.from_json) and (
+                saved.get("declared_hash") != DECLARED.digest()
+                or saved.get("declared_after_runs", True)
+            )
+        if runs:
             print_report(summary, runs)
         sandbox: dict[str, Any] | None = None
         if sandbox_runs:
@@ -1103,6 +1389,10 @@ def main(argv: list[str] | None = None) -> int:
                 },
                 "notes": NOTES,
                 "plot": str(plotted) if plotted else None,
+                "failed_runs": failed_runs(
+                    {"math": runs, "sandbox": sandbox_runs, "tools": tools_runs}, journal
+                ),
+                "allow_dirty": bool(ns.allow_dirty),
                 "runs": [r.to_json() for r in runs],
             }
             if sandbox is not None:

@@ -351,6 +351,47 @@ RATIO_KEYS = {
 }
 
 
+def ratio_of_medians(
+    by_system: dict[str, list[dict[str, Any]]],
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]],
+    field: str,
+) -> tuple[float | None, dict[str, Any]]:
+    """adapters / full for one figure: the ratio of the two systems' medians over repeats (the
+    figure reported), with the spread of the per-repeat ratios beside it (median, min, max: how
+    much one repeat's pair can differ). A median of per-repeat ratios is not the headline: it
+    pairs repeats that share nothing but their index."""
+    med = {s: _stats.spread(r[field] for r in rows).median for s, rows in by_system.items()}
+    value = _stats.ratio(med.get("adapters"), med.get("full"))
+    per_repeat = _stats.spread(_stats.ratio(a[field], f[field]) for f, a in pairs)
+    return value, {"ratio_of_medians": value, **_stats.spread_json(per_repeat)}
+
+
+def reanalyse(path: Path) -> dict[str, Any]:
+    """Recompute a stored ``--json`` file's adapters / full ratios from its ``resource_runs``
+    (nothing is run): ratios of medians with the per-repeat spread (:func:`ratio_of_medians`);
+    the earlier figures (medians of per-repeat ratios) kept under ``*_median_of_repeat_ratios``."""
+    import _stamp
+
+    data = json.loads(Path(path).read_text())
+    runs = data.get("resource_runs") or []
+    res = data.setdefault("resources", {})
+    for n in sorted({r["agents"] for r in runs}):
+        mine = [r for r in runs if r["agents"] == n and r["ok"]]
+        by_system = {s: [r for r in mine if r["system"] == s] for s in SYSTEMS}
+        pairs = list(zip(by_system["full"], by_system["adapters"], strict=False))
+        for key, field in RATIO_KEYS.items():
+            value, spread = ratio_of_medians(by_system, pairs, field)
+            # the earlier figure, recomputed (not copied): the median of per-repeat ratios
+            data.setdefault(f"{key}_median_of_repeat_ratios", {})[str(n)] = spread["median"]
+            for target in (data, res):
+                target.setdefault(key, {})[str(n)] = value
+            res.setdefault("by_agents", {}).setdefault(str(n), {})[key] = spread
+    stamp = _stamp.stamp(["multi_lora.py", "--reanalyse", str(path)])
+    data["reanalysis"] = {k: stamp[k] for k in ("command", "commit", "dirty", "date")}
+    _report.write_json(path, data)
+    return data
+
+
 def analyse_resources(
     runs: list[dict[str, Any]],
     params: dict[int, dict[str, int]],
@@ -366,9 +407,7 @@ def analyse_resources(
         pairs = list(zip(by_system["full"], by_system["adapters"], strict=False))
         row: dict[str, Any] = {}
         for key, field in RATIO_KEYS.items():
-            ratios = _stats.spread(_stats.ratio(a[field], f[field]) for f, a in pairs)
-            out[key][str(n)] = ratios.median
-            row[key] = _stats.spread_json(ratios)
+            out[key][str(n)], row[key] = ratio_of_medians(by_system, pairs, field)
         for system, rows in by_system.items():
             row[system] = {
                 field: _stats.spread_json(_stats.spread(r[field] for r in rows))
@@ -525,7 +564,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--parts", default=None, help="resources,learning (default: both; --quick: resources)"
     )
+    ap.add_argument(
+        "--reanalyse",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="recompute a stored --json file's ratios as ratios of medians (with the per-repeat "
+        "spread) from its resource runs, without running, and write them into it",
+    )
+    ap.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="write --json from a tree with uncommitted changes (marked allow_dirty in the "
+        "JSON; without it docs/results.md refuses the figures as headlines)",
+    )
     ns = ap.parse_args(argv)
+    if ns.reanalyse:
+        data = reanalyse(ns.reanalyse)
+        _report.console.print(f"re-analysed {ns.reanalyse}: {data['episodes_per_s_ratio']}")
+        return 0
+    if ns.json and not ns.quick and not ns.allow_dirty:
+        import _stamp
+
+        if _stamp.stamp().get("dirty"):
+            ap.error(
+                "the tree has uncommitted changes: a headline is measured on a clean tree "
+                "(commit first, or pass --allow-dirty, which marks the JSON)"
+            )
     parts = set((ns.parts or ("resources" if ns.quick else "resources,learning")).split(","))
     repeats = ns.repeats or (1 if ns.quick else 3)
     res_steps = ns.resource_steps or (3 if ns.quick else 12)
@@ -603,6 +668,7 @@ def main(argv: list[str] | None = None) -> int:
             "trainer_pss_ratio": res.get("trainer_pss_ratio"),
             "param_bytes_ratio": res.get("param_bytes_ratio"),
             **summary,
+            "allow_dirty": bool(ns.allow_dirty),
             "bench_wall_s": time.time() - started,
             "notes": NOTES,
             "resource_runs": resource_runs,

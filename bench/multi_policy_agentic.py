@@ -440,10 +440,65 @@ def analyse(runs: list[_results.RunResult], settings: dict[str, Any]) -> dict[st
             systems["astraflow_async"]["samples_per_s"]["median"],
             systems["astraflow_sync"]["samples_per_s"]["median"],
         ),
+        "speedup_time_to_acc_sustained": sustained_race(runs, targets),
         "final_acc_gap_async_minus_sync": gaps,
         "systems": systems,
         "straggler": straggler_report(settings),
     }
+
+
+#: The sustained criterion (``_stats.time_to_sustained``): the mean of this many consecutive
+#: evaluations at or above the target, beside the first crossing the tables above time.
+SUSTAINED_WINDOW = 2
+
+
+def sustained_race(runs: list[_results.RunResult], targets: dict[str, float | None]) -> dict:
+    """Per policy with a target, the race to it *sustained* (:data:`SUSTAINED_WINDOW`
+    consecutive evaluations whose mean reaches it), sync / async: the ratio of censored median
+    times and the per-seed table with censoring counted both ways."""
+    ok = {s: {r.seed: r for r in runs if r.system == s and r.ok} for s in SYSTEMS}
+    seeds = sorted(set(ok["astraflow_sync"]) & set(ok["astraflow_async"]))
+    out: dict[str, Any] = {"window": SUSTAINED_WINDOW, "targets": targets, "by_policy": {}}
+    for p, level in targets.items():
+        if level is None:
+            continue
+        times = {
+            s: [
+                _stats.time_to_sustained(ok[s][k].policies[p].evals, level, SUSTAINED_WINDOW)
+                for k in seeds
+            ]
+            for s in SYSTEMS
+        }
+        med = {s: _stats.censored_spread(ts).median for s, ts in times.items()}
+        out["by_policy"][p] = {
+            "ratio": _stats.ratio(med["astraflow_sync"], med["astraflow_async"]),
+            "reached": {s: sum(t is not None for t in ts) for s, ts in times.items()},
+            "paired": _stats.paired_speedup(times["astraflow_sync"], times["astraflow_async"]),
+        }
+    return out
+
+
+def reanalyse(path: Path) -> dict[str, Any]:
+    """Recount a stored ``--json`` file's paired tables from its runs (nothing is run): every
+    ``*_paired`` table again with censoring counted both ways (``only_baseline`` beside
+    ``only_system``), and the sustained race (:func:`sustained_race`) added; the other figures
+    are kept as they were, and a ``reanalysis`` stamp says when and on what commit."""
+    import _stamp
+
+    data = json.loads(Path(path).read_text())
+    runs = [_results.RunResult.from_json(r) for r in data.get("runs") or []]
+    fresh = analyse(runs, data["settings"])
+    for key in ("speedup_time_to_acc_paired", "speedup_time_to_acc_by_policy_paired"):
+        data[key] = fresh[key]
+    data.setdefault("speedup_time_to_own_seed_target", {})["paired"] = fresh[
+        "speedup_time_to_own_seed_target"
+    ]["paired"]
+    data["speedup_time_to_acc_sustained"] = fresh["speedup_time_to_acc_sustained"]
+    data["failed_runs"] = [_results.failure_entry("multi_policy", r) for r in runs if not r.ok]
+    stamp = _stamp.stamp(["multi_policy_agentic.py", "--reanalyse", str(path)])
+    data["reanalysis"] = {k: stamp[k] for k in ("command", "commit", "dirty", "date")}
+    _report.write_json(path, data)
+    return data
 
 
 def slower_policy(by_policy: dict[str, float | None]) -> float | None:
@@ -580,7 +635,33 @@ def main(argv: list[str] | None = None) -> int:
     _cli.add_run_flags(ap, seeds_default=SEEDS)
     _cli.add_comparison_flags(ap, SYSTEMS)
     _cli.add_set_flag(ap, who="both systems")
+    ap.add_argument(
+        "--reanalyse",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="recount the paired tables of a stored --json file (censoring both ways, the "
+        "sustained race) from its runs, without running, and write them into it",
+    )
+    ap.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="write --json from a tree with uncommitted changes (marked allow_dirty in the "
+        "JSON; without it docs/results.md refuses the figures as headlines)",
+    )
     ns = ap.parse_args(argv)
+    if ns.reanalyse:
+        data = reanalyse(ns.reanalyse)
+        _report.console.print(f"re-analysed {ns.reanalyse}: {data['speedup_time_to_acc_paired']}")
+        return 0
+    if ns.json and not ns.quick and not ns.allow_dirty and not getattr(ns, "from_json", None):
+        import _stamp
+
+        if _stamp.stamp().get("dirty"):
+            ap.error(
+                "the tree has uncommitted changes: a headline is measured on a clean tree "
+                "(commit first, or pass --allow-dirty, which marks the JSON)"
+            )
     settings = recipe_settings(ns.sets)
     seeds = ns.seeds or (1 if ns.quick else SEEDS)
     steps = ns.steps or (QUICK_STEPS if ns.quick else STEPS)
@@ -638,6 +719,7 @@ def main(argv: list[str] | None = None) -> int:
                 "settings": settings,
                 **summary,
                 **flat,
+                "allow_dirty": bool(ns.allow_dirty),
                 "notes": NOTES,
                 "plot": _plot_ref(plotted),
                 "runs": [r.to_json() for r in runs],

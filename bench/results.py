@@ -89,7 +89,7 @@ def stamp_line(meta: Json | None) -> str:
     gpu = m.get("gpu") or "no GPU"
     mem = f", {m['memory_gib']:.0f} GiB" if m.get("memory_gib") else ""
     commit = (meta.get("commit") or "unknown")[:10]
-    dirty = " + uncommitted changes" if meta.get("dirty") else ""
+    dirty = {True: " + uncommitted changes", False: " (clean tree)"}.get(meta.get("dirty"), "")
     date = (meta.get("date") or "")[:10]
     return (
         f"Measured {date} on commit `{commit}`{dirty}; {m.get('cpus', '?')} CPU cores "
@@ -143,6 +143,11 @@ def cell(value: Any) -> str:
                 n = f", n={value['n']}" if value.get("n") is not None else ""
                 if value.get("reached") is not None:
                     n = f", {value['reached']} seeds"
+                    if value.get("only_baseline") is not None:  # censoring, counted both ways
+                        n += (
+                            f" (+{value.get('only_system')} only system, "
+                            f"{value['only_baseline']} only baseline)"
+                        )
                 return f"{num(value[centre], '{:.3g}')} [{num(ci[0], '{:.3g}')}, {num(ci[1], '{:.3g}')}]{n}"
         return "-"
     if isinstance(value, float):
@@ -256,6 +261,13 @@ def render_multi_lora(data: Json) -> list[str]:
         out += [f"{n} agents (median [min-max] over repeats; MB):", ""]
         out += md_table(["system", "trainer processes", "params per node", "node RSS",
                          "trainers RSS", "trainers PSS", "episodes/s", "step s"], rows)  # fmt: skip
+        eps = row.get("episodes_per_s_ratio")
+        if isinstance(eps, dict) and eps.get("ratio_of_medians") is not None:
+            earlier = dig(data, f"episodes_per_s_ratio_median_of_repeat_ratios.{n}")
+            out += ["", "adapters / full is the ratio of the medians over repeats; episodes/s "
+                    f"per repeat pair {num(eps.get('min'))}-{num(eps.get('max'))}x (n={eps.get('n')})"
+                    + (f"; the earlier figure, a median of per-repeat ratios, was {ratio(earlier)}"
+                       if earlier is not None else "") + "."]  # fmt: skip
         speed = row.get("engine_tokens_per_s")
         if isinstance(speed, dict):
             out += ["", f"Node engines alone, tokens/s: {n} full-model engines "
@@ -286,12 +298,143 @@ def render_multi_lora(data: Json) -> list[str]:
     return out + settings if settings else out[:-1]
 
 
+def censoring(p: Any) -> str:
+    """A paired table's seeds: both reached / only the system / only the baseline / neither."""
+    if not isinstance(p, dict) or p.get("reached") is None:
+        return "-"
+    return (
+        f"{num(p.get('reached'), '{}')} / {num(p.get('only_system'), '{}')} / "
+        f"{num(p.get('only_baseline'), '{}')} / {num(p.get('neither'), '{}')}"
+    )
+
+
+def geo(p: Any) -> str:
+    """A paired speed-up as ``geo mean [95% CI]`` (``-`` without a seed where both reached)."""
+    if not isinstance(p, dict) or p.get("geo_mean") is None:
+        return "-"
+    ci = p.get("ci95")
+    inner = f" [{num(ci[0])}, {num(ci[1])}]" if ci else " (one seed, no interval)"
+    return f"{ratio(p['geo_mean'])}{inner}"
+
+
+PAIR_NAMES = {
+    "astraflow_async_vs_trl": "async vs TRL",
+    "astraflow_async_vs_astraflow_sync": "async vs sync",
+    "astraflow_sync_vs_trl": "sync vs TRL",
+}
+
+
+def render_agentic_declared(data: Json) -> list[str]:
+    """The declared headline (``agentic.Declared``, hash in the JSON): sustained time to the
+    target with censoring both ways, the target ladder, accuracy at equal wall clock and final
+    accuracy at equal samples against the declared margin."""
+    declared = data.get("declared") or {}
+    if not declared:
+        return []
+    systems = list(data.get("time_to_target_sustained_s") or {})
+    window = declared.get("sustained_window")
+    when = (
+        "declared after these runs were made, applied to their stored evaluation curves"
+        if data.get("declared_after_runs")
+        else "declared in code before the runs"
+    )
+    out = [
+        f"**Declared headline** (settings hash `{data.get('declared_hash')}`, {when}): time to "
+        f"start + {num(declared.get('target_gain'))} = {num(data.get('target_acc_sustained'), '{:.3f}')} "
+        f"*sustained* (the mean of {window} consecutive evaluations at or above it, placed at the "
+        "second), seeds paired; every seed is counted: both reached / only the faster-claimed "
+        "system / only the baseline / neither.",
+        "",
+    ]
+    rows = []
+    for key, label, goal in (
+        ("speedup_vs_trl_sustained", "AstraFlow async vs TRL", ">= 3x"),
+        ("speedup_async_over_sync_sustained", "AstraFlow async vs sync", ">= 2x"),
+        ("speedup_sync_vs_trl_sustained", "AstraFlow sync vs TRL", ""),
+    ):
+        p = data.get(f"{key}_paired")
+        rows.append([label, ratio(data.get(key)), geo(p), censoring(p), goal])
+    out += md_table(
+        ["figure", "ratio of censored medians", "per seed, geo mean [95% CI]",
+         "seeds: both / only system / only baseline / neither", "target"],
+        rows,
+    )  # fmt: skip
+    tts = data.get("time_to_target_sustained_s") or {}
+    out += ["", "Seeds that sustained the target: " + ", ".join(
+        f"{s} {num(d.get('reached'), '{}')}/{num(d.get('n'), '{}')}" for s, d in tts.items()
+    ) + " (a ratio of medians needs more than half the seeds of both systems)."]  # fmt: skip
+    ladder = data.get("target_ladder") or {}
+    if ladder:
+        pair_keys = [k for k in PAIR_NAMES if any(k in row for row in ladder.values())]
+        rows = []
+        for name, row in ladder.items():
+            times = [
+                f"{num(dig(row, f'systems.{s}.time_s'), '{:.0f}', ' s')} "
+                f"({num(dig(row, f'systems.{s}.reached'), '{}')}/"
+                f"{num(dig(row, f'systems.{s}.seeds'), '{}')})"
+                for s in systems
+            ]
+            pairs = [f"{geo(row.get(k))}; {censoring(row.get(k))}" for k in pair_keys]
+            rows.append([f"{name} = {num(row.get('level'), '{:.3f}')}", *times, *pairs])
+        out += ["", "Target ladder, sustained (median seconds, seeds that got there; per pair the "
+                "per-seed speed-up and both / only system / only baseline / neither):", ""]  # fmt: skip
+        out += md_table(["level", *systems, *(PAIR_NAMES[k] for k in pair_keys)], rows)
+    wall = data.get("acc_at_equal_wallclock") or {}
+    if wall:
+        rows = []
+        for name, row in wall.items():
+            accs = [spread(dig(row, f"systems.{s}")) for s in systems]
+            diffs = [cell(row.get(f"astraflow_async_minus_{b}")) for b in ("trl", "astraflow_sync")]
+            done = row.get("finished_by_budget") or {}
+            rows.append([f"{name} ({num(row.get('budget_s'), '{:.0f}', ' s')})", *accs, *diffs,
+                         ", ".join(f"{s} {v}" for s, v in done.items())])  # fmt: skip
+        out += ["", "Held-out accuracy at an equal wall-clock budget (each seed's last evaluation "
+                "by then, median [min-max]; a run that ended earlier keeps its final accuracy):",
+                ""]  # fmt: skip
+        out += md_table(["budget", *systems, "async - TRL (paired, 95% CI)",
+                         "async - sync (paired, 95% CI)", "seeds ended by then"], rows)  # fmt: skip
+    eq = data.get("final_acc_at_equal_samples") or {}
+    if eq:
+        rows = [
+            [name.replace("astraflow_", "").replace("_minus_", " - "),
+             num(d.get("mean"), "{:+.3f}"),
+             "[" + ", ".join(num(x, "{:+.3f}") for x in (d.get("ci95") or [None, None])) + "]",
+             num(d.get("margin"), "{:.3f}"), str(d.get("verdict"))]
+            for name, d in eq.items()
+        ]  # fmt: skip
+        out += ["", "Final accuracy at equal trained samples against the declared non-inferiority "
+                "margin (paired over seeds: non-inferior when the interval lies above -margin):",
+                ""]  # fmt: skip
+        out += md_table(["difference", "mean", "95% CI", "margin", "verdict"], rows)
+    return out
+
+
+def render_failed_runs(data: Json) -> list[str]:
+    """The failed and timed-out runs the JSON lists (``failed_runs``), or that it lists none."""
+    failed = data.get("failed_runs")
+    if not isinstance(failed, list):
+        return []
+    if not failed:
+        note = data.get("failed_runs_recorded")
+        return ["Failed or timed-out runs: none in this file." + (f" {note}" if note else "")]
+    items = [
+        f"{f.get('case')} {f.get('system')} seed {f.get('seed')}"
+        + (" (timed out)" if f.get("timed_out") else "")
+        + (f": {f.get('error')}" if f.get("error") else "")
+        for f in failed
+    ]
+    return [f"Failed or timed-out runs ({len(failed)}): " + "; ".join(items) + "."]
+
+
 def render_agentic(data: Json) -> list[str]:
-    """The math case of ``agentic.py``: per system the race to the fixed target and final
-    accuracy at equal samples; then the paired speed-ups and the accuracy gap, the ladder and the
-    plot."""
+    """The math case of ``agentic.py``: the declared headline first (sustained target, ladder,
+    equal wall clock, equal samples), then the earlier first-crossing figures kept beside it,
+    per system, the fixed ladder and the plot."""
     systems = data.get("systems") or {}
     seeds = dig(data, "settings.seeds")
+    out = render_agentic_declared(data)
+    if out:
+        out.append("")
     rows = []
     for name, d in systems.items():
         fin = d.get("final_acc_mean_sd") or {}
@@ -303,43 +446,45 @@ def render_agentic(data: Json) -> list[str]:
             f"{num(fin.get('mean'), '{:.3f}')} ± {num(fin.get('sd'), '{:.3f}')}",
             spread(d.get("time_to_target_s"), "{:.0f}", " s"), reached,
         ])  # fmt: skip
-    out = [f"Per system (median [min-max] over {num(seeds, '{}')} seeds; final accuracy mean ± sd):",
-           ""]  # fmt: skip
+    out += [f"Per system (median [min-max] over {num(seeds, '{}')} seeds; final accuracy mean ± "
+            "sd; time to the target by the earlier first-crossing rule):", ""]  # fmt: skip
     out += md_table(["system", "seeds", "trained samples", "samples/s", "trainer idle",
                      "staleness", "held-out acc at start", "final acc",
-                     f"time to {num(data.get('target_acc'), '{:.3f}')}", "reached"],
+                     f"first reached {num(data.get('target_acc'), '{:.3f}')}", "reached"],
                     rows)  # fmt: skip
     gap = data.get("final_acc_gap_async_vs_sync_paired") or {}
-    out += ["", f"Target fixed before the runs: the start accuracy + "
-            f"{num(data.get('target_gain'), '{:.2f}')} = {num(data.get('target_acc'), '{:.3f}')}. "
-            "Speed-ups are times to that target (seeds paired; a seed where only the faster "
-            "system got there has no ratio and is counted apart):", ""]  # fmt: skip
+    earlier = "Earlier metric, kept beside the declared one" if data.get("declared") else "Metric"
+    out += ["", f"{earlier}: time to the *first* evaluation at or above the start accuracy + "
+            f"{num(data.get('target_gain'), '{:.2f}')} = {num(data.get('target_acc'), '{:.3f}')} "
+            "(one evaluation decides it). Seeds paired, counted both ways:", ""]  # fmt: skip
 
     def speed(key: str) -> list[str]:
         p = data.get(f"{key}_paired") or {}
-        return [ratio(data.get(key)), cell(p) if p else "-", num(p.get("only_system"), "{}")]
+        return [ratio(data.get(key)), geo(p), censoring(p)]
 
     out += md_table(
-        ["figure", "ratio of medians", "per seed, geo mean [95% CI]", "seeds only async reached",
-         "target"],
+        ["figure (first crossing)", "ratio of medians", "per seed, geo mean [95% CI]",
+         "seeds: both / only system / only baseline / neither", "target"],
         [["AstraFlow async vs TRL", *speed("speedup_vs_trl"), ">= 3x"],
          ["AstraFlow async vs sync", *speed("speedup_async_over_sync"), ">= 2x"],
-         ["AstraFlow sync vs TRL", ratio(data.get("speedup_sync_vs_trl")), "", "", ""]],
+         ["AstraFlow sync vs TRL", *speed("speedup_sync_vs_trl"), ""]],
     )  # fmt: skip
     ci = gap.get("ci95") or [None, None]
     out += ["", f"Final accuracy at equal trained samples, async - sync, paired over "
             f"{num(gap.get('n'), '{}')} seeds: {num(gap.get('mean'), '{:+.3f}')} "
-            f"[{num(ci[0], '{:+.3f}')}, {num(ci[1], '{:+.3f}')}] (target: 0 inside the "
-            f"interval, or above it). Samples/s, async / TRL: "
+            f"[{num(ci[0], '{:+.3f}')}, {num(ci[1], '{:+.3f}')}]. Samples/s, async / TRL: "
             f"{ratio(data.get('samples_per_s_async_over_trl'))}."]  # fmt: skip
     ladder = [lvl for lvl in data.get("ladder") or []
               if any(dig(d, f"time_to_acc.{lvl}") is not None for d in systems.values())]  # fmt: skip
     if ladder:
-        out += ["", "Time to each rung of the fixed accuracy ladder (median over seeds, - where "
-                "half the seeds or more never got there):", ""]  # fmt: skip
+        out += ["", "Time to each rung of the fixed accuracy ladder, first crossing (median over "
+                "seeds, - where half the seeds or more never got there):", ""]  # fmt: skip
         out += md_table(["accuracy", *systems],
                         [[lvl, *(num(dig(d, f"time_to_acc.{lvl}"), "{:.0f}", " s")
                                  for d in systems.values())] for lvl in ladder])  # fmt: skip
+    failed = render_failed_runs(data)
+    if failed:
+        out += ["", *failed]
     plot = data.get("plot")
     if isinstance(plot, str) and not Path(plot).is_absolute() and (REPO / plot).exists():
         out += ["", f"![{Path(plot).stem}](../{plot})"]
@@ -433,11 +578,18 @@ def render_multi_policy_agentic(data: Json) -> list[str]:
                   cell(data.get("speedup_time_to_acc_paired")), ""])  # fmt: skip
     speed.append(["both policies, each seed's own lock-step final", ratio(own.get("ratio")),
                   cell(own.get("paired")), ""])  # fmt: skip
+    sustained = dig(data, "speedup_time_to_acc_sustained.by_policy") or {}
+    for policy, d in sustained.items():
+        speed.append([f"{policy}, sustained (mean of "
+                      f"{dig(data, 'speedup_time_to_acc_sustained.window')} consecutive evaluations)",
+                      ratio(d.get("ratio")), f"{geo(d.get('paired'))}; seeds "
+                      f"{censoring(d.get('paired'))}", ""])  # fmt: skip
     targets = data.get("targets") or {}
     levels = ", ".join(f"{p} {num(v, '{:.3f}')}" for p, v in targets.items())
     out += ["", "Time to the lock-step runs' final accuracy (median over seeds, one level for both "
             f"systems: {levels or '-'}), sync / async, and final accuracy at equal trained "
-            "samples, async - sync (paired seeds):", ""]  # fmt: skip
+            "samples, async - sync (paired seeds; seeds where only one system reached the level "
+            "counted both ways, as both / only async / only sync / neither):", ""]  # fmt: skip
     out += md_table(
         ["raced", "ratio of medians", "per seed, geo mean [95% CI]", "final acc gap [95% CI]"],
         speed,
@@ -553,6 +705,86 @@ def render_chaos(data: Json) -> list[str]:
     return out
 
 
+def sustained_headline(key: str) -> Callable[[Any], str]:
+    """A declared sustained speed-up for the README: the ratio of censored medians, then the
+    per-seed figure and every seed counted (both / only system / only baseline / neither)."""
+
+    def fmt_fn(data: Any) -> str:
+        if not isinstance(data, dict) or key not in data:
+            return "-"
+        p = data.get(f"{key}_paired")
+        head = ratio(data.get(key))
+        if data.get(key) is None:
+            head = "not reached (under half the seeds sustained it)"
+        return f"{head}; per seed {geo(p)}, seeds both / only system / only baseline / neither {censoring(p)}"
+
+    return fmt_fn
+
+
+def first_crossing_headline(key: str) -> Callable[[Any], str]:
+    def fmt_fn(data: Any) -> str:
+        if not isinstance(data, dict):
+            return "-"
+        return f"{ratio(data.get(key))}; seeds {censoring(data.get(f'{key}_paired'))}"
+
+    return fmt_fn
+
+
+def per_sample_cost(data: Any) -> str:
+    """What async costs per sample: final accuracy at equal trained samples vs each baseline,
+    against the declared margin."""
+    eq = dig(data, "final_acc_at_equal_samples") if isinstance(data, dict) else None
+    if not isinstance(eq, dict):
+        return "-"
+    parts = []
+    for base, label in (("trl", "vs TRL"), ("astraflow_sync", "vs sync")):
+        d = eq.get(f"astraflow_async_minus_{base}")
+        if isinstance(d, dict):
+            ci = d.get("ci95") or [None, None]
+            parts.append(
+                f"{label} {num(d.get('mean'), '{:+.3f}')} [{num(ci[0], '{:+.3f}')}, "
+                f"{num(ci[1], '{:+.3f}')}] ({d.get('verdict')} at margin {num(d.get('margin'))})"
+            )
+    means = [d.get("mean") for d in eq.values() if isinstance(d, dict)]
+    lower = all(isinstance(m, (int, float)) and m < 0 for m in means[:2]) if means else False
+    plain = "async ends lower at equal samples: " if lower else ""
+    return plain + "; ".join(parts) if parts else "-"
+
+
+def wallclock_headline(budget: str) -> Callable[[Any], str]:
+    def fmt_fn(data: Any) -> str:
+        row = dig(data, f"acc_at_equal_wallclock.{budget}") if isinstance(data, dict) else None
+        if not isinstance(row, dict):
+            return "-"
+        parts = [f"{num(row.get('budget_s'), '{:.0f}', ' s')}"]
+        for base, label in (("trl", "async - TRL"), ("astraflow_sync", "async - sync")):
+            d = row.get(f"astraflow_async_minus_{base}") or {}
+            ci = d.get("ci95") or [None, None]
+            parts.append(f"{label} {num(d.get('mean'), '{:+.3f}')} [{num(ci[0], '{:+.3f}')}, "
+                         f"{num(ci[1], '{:+.3f}')}]")  # fmt: skip
+        return "; ".join(parts)
+
+    return fmt_fn
+
+
+def lora_headline(key: str, n: str) -> Callable[[Any], str]:
+    """A LoRA ratio as the ratio of medians, with the per-repeat ratios' range beside it."""
+
+    def fmt_fn(data: Any) -> str:
+        if not isinstance(data, dict):
+            return "-"
+        value = dig(data, f"{key}.{n}")
+        rep = dig(data, f"resources.by_agents.{n}.{key}") or {}
+        if rep.get("ratio_of_medians") is None:  # an older file: a median of per-repeat ratios
+            return num(value, "{:.2f}x")
+        return (
+            f"{num(value, '{:.2f}x')} (ratio of medians; per repeat "
+            f"{num(rep.get('min'), '{:.2f}')}-{num(rep.get('max'), '{:.2f}')}x, n={rep.get('n')})"
+        )
+
+    return fmt_fn
+
+
 SECTIONS: list[Section] = [
     Section(
         "agentic",
@@ -563,23 +795,40 @@ SECTIONS: list[Section] = [
         "multi-turn loop, AstraFlow's lock-step mode and its asynchronous dataflow (staleness-"
         "aware admission) train the same steps of the same batch size with the same loss and "
         "learning rate. Held-out accuracy (greedy first answer, 500 problems) is evaluated off "
-        "every system's clock and placed at the time its step was committed.",
+        "every system's clock and placed at the time its step was committed. The TRL baseline is "
+        "synchronous; TRL 1.16's `AsyncGRPOTrainer` (GPU only) is the asynchronous TRL baseline, "
+        "not run here (no GPU).",
         render_agentic,
         headline=(
             (
-                "Agentic multi-turn math: time to a fixed target accuracy, AstraFlow async vs TRL (target >= 3x)",
-                "speedup_vs_trl",
-                ratio,
+                "Agentic multi-turn math, declared: time to start + 0.03 sustained, AstraFlow async vs TRL (target >= 3x)",
+                "*",
+                sustained_headline("speedup_vs_trl_sustained"),
             ),
             (
-                "... AstraFlow async vs its lock-step mode (target >= 2x)",
-                "speedup_async_over_sync",
-                ratio,
+                "... AstraFlow async vs its lock-step mode, sustained (target >= 2x)",
+                "*",
+                sustained_headline("speedup_async_over_sync_sustained"),
             ),
             (
-                "... final accuracy at equal samples, async - sync (paired 95% CI)",
-                "final_acc_gap_async_vs_sync_paired",
-                cell,
+                "... what async costs per sample: final accuracy at equal trained samples, async - baseline (paired 95% CI)",
+                "*",
+                per_sample_cost,
+            ),
+            (
+                "... held-out accuracy at async's median training time (equal wall clock)",
+                "*",
+                wallclock_headline("astraflow_async median training time"),
+            ),
+            (
+                "... earlier metric, replaced (first crossing of start + 0.03): async vs TRL",
+                "*",
+                first_crossing_headline("speedup_vs_trl"),
+            ),
+            (
+                "... earlier metric, replaced (first crossing): async vs lock-step",
+                "*",
+                first_crossing_headline("speedup_async_over_sync"),
             ),
         ),  # fmt: skip
     ),
@@ -590,8 +839,10 @@ SECTIONS: list[Section] = [
         "The built-in tiny tool-calling policy on the calculator task, every tool call delayed "
         "log-normally (p50 0.3 s, p99 5 s). TRL 1.16's `GRPOTrainer(tools=...)` runs its own "
         "loop, which waits for each sample's calls in turn; AstraFlow lock-step and async train "
-        "the same samples. Speed-ups are samples/s at equal trained samples. One seed: held-out "
-        "success falls in all three systems on this policy, so accuracy is not compared here.",
+        "the same samples. Speed-ups are samples/s at equal trained samples. Held-out success "
+        "before and after each system's training is in the table; with one seed it is not "
+        "compared between systems. TRL 1.16's `AsyncGRPOTrainer` (GPU only) is the asynchronous "
+        "TRL baseline; it is not run here (no GPU).",
         render_agentic_tools,
         headline=(
             (
@@ -630,13 +881,13 @@ SECTIONS: list[Section] = [
         headline=(
             (
                 "4 agents as LoRA adapters of one base: node episodes/s vs 4 full models",
-                "episodes_per_s_ratio.4",
-                lambda v: num(v, "{:.2f}x"),
+                "*",
+                lora_headline("episodes_per_s_ratio", "4"),
             ),
             (
                 "4 agents as LoRA adapters: trainer memory (RSS) vs 4 full models",
-                "trainer_rss_ratio.4",
-                lambda v: num(v, "{:.2f}x"),
+                "*",
+                lora_headline("trainer_rss_ratio", "4"),
             ),
         ),  # fmt: skip
     ),
@@ -660,6 +911,18 @@ SECTIONS: list[Section] = [
                 "... both policies per seed (geometric mean [95% CI])",
                 "speedup_time_to_acc_paired",
                 cell,
+            ),
+            (
+                "... sustained (mean of 2 consecutive evaluations), each policy, sync / async",
+                "speedup_time_to_acc_sustained.by_policy",
+                lambda v: (
+                    "; ".join(
+                        f"{k} {ratio(x.get('ratio'))} (seeds {censoring(x.get('paired'))})"
+                        for k, x in v.items()
+                    )
+                    if isinstance(v, dict)
+                    else "-"
+                ),
             ),
             (
                 "... samples/s at equal trained samples, async / sync",
@@ -795,17 +1058,46 @@ def render_results_md(results: dict[str, Json]) -> str:
         if sec.about:
             lines += [sec.about, ""]
         lines += [stamp_line(data.get("meta")), ""]
+        again = data.get("reanalysis")
+        if isinstance(again, dict):
+            lines += [f"Re-analysed {(again.get('date') or '')[:10]} from the stored runs on commit "
+                      f"`{(again.get('commit') or 'unknown')[:10]}`"
+                      + (" + uncommitted changes" if again.get("dirty") else "")
+                      + f" (nothing re-run): `{again.get('command')}`", ""]  # fmt: skip
+        refused = headline_refusal(data)
+        if refused and sec.headline:
+            lines += [f"Not a headline: {refused.removeprefix('refused: ')}.", ""]
+        if sec.render is not render_agentic:
+            failed = render_failed_runs(data)
+            lines += [*failed, ""] if failed else []
         lines += sec.render(data)
         lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def headline_refusal(data: Json) -> str | None:
+    """Why a file's figures are not headlines: measured on a tree with uncommitted changes
+    (``meta.dirty``) without the bench's explicit ``--allow-dirty`` (``allow_dirty`` in the
+    JSON). None when they may be shown."""
+    meta = data.get("meta") or {}
+    if meta.get("dirty") and not data.get("allow_dirty"):
+        return (
+            f"refused: measured on a tree with uncommitted changes (commit "
+            f"`{(meta.get('commit') or '?')[:10]}`); re-run on a clean tree"
+        )
+    return None
+
+
 def render_headline(results: dict[str, Json]) -> str:
     rows = []
     for sec, data in ordered(results):
+        refused = headline_refusal(data)
         for label, key, fmt_fn in sec.headline:
             anchor = _anchor(sec.title)
-            rows.append((f"[{label}](docs/results.md#{anchor})", fmt_fn(dig(data, key))))
+            value = refused or fmt_fn(data if key == "*" else dig(data, key))
+            if not refused and (data.get("meta") or {}).get("dirty"):
+                value += " (uncommitted changes, --allow-dirty)"
+            rows.append((f"[{label}](docs/results.md#{anchor})", value))
     body = md_table(["headline", "figure"], rows) if rows else ["_No bench results yet._"]
     return "\n".join([HEADLINE_BEGIN, *body, HEADLINE_END])
 

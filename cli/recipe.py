@@ -21,10 +21,22 @@ def check(
         help="Load a few rows of every task set and validate them against the env "
         "(--no-tasks: the schema only, e.g. for a recipe whose data lives elsewhere)",
     ),
+    models: bool = typer.Option(
+        True,
+        "--models/--no-models",
+        help="Find each policy's model on this machine (a Hugging Face id in the local HF "
+        "cache; nothing is downloaded) (--no-models: e.g. for a recipe whose models live on "
+        "other hosts)",
+    ),
     rows: int = typer.Option(3, "--rows", min=1, help="Rows of each task set to validate"),
 ) -> None:
-    """Validate recipes; exit 1 after reporting every bad file, naming each bad key."""
+    """Validate recipes; exit 1 after reporting every bad file, naming each bad key.
+
+    Runs the checks `astraflow train` runs before it starts anything
+    (astraflow.recipe.preflight): the schema (engine arguments included), the models, the
+    workflow and agent, and a few rows of every task set."""
     from astraflow.recipe import RecipeError, load_recipe
+    from astraflow.recipe.preflight import preflight
 
     failed = 0
     for f in files:
@@ -36,11 +48,19 @@ def check(
                 f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
             )
             continue
-        if not _workflow_ok(f, recipe) or not _agent_ok(f, recipe):
+        report = preflight(recipe, f, tasks=tasks, rows=rows, models=models)
+        for warning in report.warnings:
+            err_console.print(
+                f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True
+            )
+        if not report.ok:
             failed += 1
-            continue
-        if tasks and not _tasks_ok(f, recipe, rows):
-            failed += 1
+            for problem in report.problems:
+                err_console.print(
+                    f"[bold red]error:[/] {escape(str(f))}: {escape(str(problem))}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
             continue
         trainable = ", ".join(recipe.trainable_policies()) or "none"
         console.print(
@@ -51,71 +71,6 @@ def check(
         )
     if failed:
         raise typer.Exit(1)
-
-
-def _error(path: Path, message: str) -> bool:
-    err_console.print(
-        f"[bold red]error:[/] {escape(str(path))}: {escape(message)}",
-        highlight=False,
-        soft_wrap=True,
-    )
-    return False
-
-
-def _workflow_ok(path: Path, recipe) -> bool:
-    """Resolve ``workflow.name`` as every rollout node will: a typo there otherwise fails every
-    episode of the run (the node pushes them as errors and the run stops as stalled)."""
-    from astraflow.rollout.workflows import default_workflows
-
-    registry = default_workflows()
-    try:
-        registry.get(recipe.workflow.name)
-    except Exception as exc:
-        return _error(path, f"workflow.name: {exc}")
-    return True
-
-
-def _agent_ok(path: Path, recipe) -> bool:
-    """Import ``workflow.agent`` and check its signature, as every rollout node will at start-up,
-    and check the model names it writes out against the roles: a typo there otherwise surfaces
-    only as a failed episode on each node after the run started."""
-    if not recipe.workflow.agent:
-        return True
-    from astraflow.rollout.workflows.base import WorkflowError
-    from astraflow.rollout.workflows.openai_agent import literal_model_names, load_agent
-
-    try:
-        fn, _ = load_agent(recipe.workflow.agent)
-    except WorkflowError as exc:
-        return _error(path, str(exc))
-    roles = sorted(recipe.workflow.roles)
-    unknown = sorted(literal_model_names(fn) - set(roles))
-    if unknown:
-        return _error(
-            path,
-            f"workflow.agent {recipe.workflow.agent!r} asks for model(s) {', '.join(map(repr, unknown))}"
-            f", but the model names an agent may use are the workflow roles: {', '.join(roles)} "
-            "(map more roles to policies in [workflow.roles], or call model=ROLE)",
-        )
-    return True
-
-
-def _tasks_ok(path: Path, recipe, rows: int) -> bool:
-    """Resolve every task set of ``recipe`` and validate a few rows against its env."""
-    from astraflow.tasks.catalog import default_task_sets
-    from astraflow.tasks.check import check_sets
-
-    sets = default_task_sets()
-    for _name, error in sorted(sets.errors.items()):
-        err_console.print(f"[yellow]warning:[/] {escape(error)}", highlight=False, soft_wrap=True)
-    bad = [c for c in check_sets(recipe, rows=rows, task_sets=sets) if c.error]
-    for c in bad:
-        err_console.print(
-            f"[bold red]error:[/] {escape(str(path))}: {escape(c.error or '')}",
-            highlight=False,
-            soft_wrap=True,
-        )
-    return not bad
 
 
 @app.command()

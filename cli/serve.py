@@ -422,9 +422,27 @@ def policy(
         "(from its chat template)",
     ),
     log_level: str = typer.Option("warning", "--log-level"),
+    max_body_mb: float = typer.Option(
+        4.0, "--max-body-mb", min=0.001, help="Largest request body (MiB); larger ones get 413"
+    ),
+    max_prompt_tokens: int = typer.Option(
+        None,
+        "--max-prompt-tokens",
+        min=1,
+        help="Longest prompt (tokens); longer ones get 413 (default: the model's context)",
+    ),
+    max_n: int = typer.Option(16, "--max-n", min=1, max=256, help="Most completions per request"),
+    max_inflight_per_client: int = typer.Option(
+        32,
+        "--max-inflight-per-client",
+        min=1,
+        help="Completions (n each) one client address may have running; more get 429",
+    ),
 ) -> None:
     """OpenAI-compatible server for one policy: /v1/models, /v1/chat/completions (streaming),
-    /v1/completions (text or token ids in, token ids and log-probs out)."""
+    /v1/completions (text or token ids in, token ids and log-probs out). Requests are bounded
+    (body, prompt tokens, n, sampling values) and each client address gets a share of the
+    engine, so one client cannot fail or starve the others."""
     import asyncio
     import secrets
 
@@ -445,7 +463,7 @@ def policy(
     generated = not api_key
     api_key = api_key or secrets.token_urlsafe(24)
     from astraflow.protocol.http_server import serve
-    from astraflow.rollout.engines.openai_server import create_app
+    from astraflow.rollout.engines.openai_server import ServerLimits, create_app
     from astraflow.rollout.policy_server import PolicyServerOptions, build_engine
 
     opts = PolicyServerOptions(
@@ -470,7 +488,15 @@ def policy(
                 console.print(f"api key: {api_key}", highlight=False)
 
         try:
-            app_ = create_app(served, served_name, api_key, tool_parser=opts.tool_parser)
+            limits = ServerLimits(
+                max_body_bytes=int(max_body_mb * (1 << 20)),
+                max_prompt_tokens=max_prompt_tokens,
+                max_n=max_n,
+                max_inflight_per_client=max_inflight_per_client,
+            )
+            app_ = create_app(
+                served, served_name, api_key, tool_parser=opts.tool_parser, limits=limits
+            )
             await serve(app_, host, port, port_file, log_level, on_listening=listening)
         finally:
             await served.close()

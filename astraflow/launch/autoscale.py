@@ -307,10 +307,19 @@ def figures(
     """The decision's figures from a status document. ``pool``: the names of the launcher's live
     nodes that are not draining (one not active in the status yet is *starting*); ``draining``:
     those it asked to leave, which hold slots only until they deregister. Any other active node
-    (one an operator joined) counts as capacity like the launcher's own. The trainer figures are
-    the most starved trainable policy's still training (the one that sets the pace)."""
+    (one an operator joined) counts as capacity only while it takes work (holds leases or has
+    pushed episodes lately): a node token can register nodes that never lease, and 30 such fakes
+    counted as 30 nodes of free slots held the pool at one node while the trainer starved
+    (issue 48, #7). The launcher's own nodes count once active, by name, so a fake cannot add
+    more than the pool's size by taking their names. The trainer figures are the most starved
+    trainable policy's still training (the one that sets the pace)."""
     active = {n.name for n in st.nodes if n.state == "active"}
-    nodes = len(active - draining)
+    working = {
+        n.name
+        for n in st.nodes
+        if n.state == "active" and (n.active_leases > 0 or n.episodes_per_s > 0)
+    }
+    nodes = len(((active & pool) | working) - draining)
     idles = [p.trainer_idle for p in st.policies.values() if p.trainer_idle is not None]
     fills = [
         (p.buffer_groups + st.training_in_flight) / p.cap_groups

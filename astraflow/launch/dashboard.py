@@ -13,8 +13,12 @@ there is no front-end build. It reads three JSON routes:
 - ``/api/transcripts/{episode_id}``: one of them token by token for the trajectory viewer: the
   text of each token, the loss mask, the behaviour log-prob and the weight version.
 
-Every route but ``/healthz`` and the static code needs the run's admin token (``?token=`` or a bearer header): the
-page shows every prompt and answer of the run. Nothing here writes anything.
+Every route but ``/healthz`` and the static code needs a token (``?token=`` or a bearer header):
+the page shows every prompt and answer of the run. The token is the dashboard's read-only one
+(:func:`astraflow.launch.security.dashboard_token`, derived from the run secret; it opens this page
+and nothing on the dataflow service), or the run secret itself. ``astraflow train`` writes the
+address with that token to ``RUN_DIR/dashboard.url`` (0600) and prints it without the token: a
+launcher log is read by more people than the run's owner. Nothing here writes anything else.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import HTMLResponse
 
 from astraflow.launch.report import metric_series
+from astraflow.launch.security import DASHBOARD_URL_FILE, dashboard_token, write_private
 from astraflow.launch.transcripts import Decoders, load_recipe_of, read_store
 from astraflow.protocol.auth import bearer
 from astraflow.protocol.transcripts import TranscriptRecord
@@ -173,17 +178,28 @@ def serve_dashboard(
     client = SyncDataflowClient(dataflow_url, token, timeout=5.0, retries=0, ca_file=ca_file)
     app = create_dashboard_app(DashboardSource(run_dir, client), token)
     url, stop = serve_in_thread(app, "127.0.0.1", port)
+    address = f"{url}/?token={dashboard_token(token)}"
+    write_private(Path(run_dir) / DASHBOARD_URL_FILE, address + "\n")
 
     def close() -> None:
         stop()
         client.close()
 
-    return f"{url}/?token={token}", close
+    return address, close
+
+
+def printable_address(address: str, run_dir: Path) -> str:
+    """What a launcher prints for the dashboard: its address without the token, and where the
+    address with the token is (``RUN_DIR/dashboard.url``, 0600)."""
+    return f"{address.split('?', 1)[0]} (with its token: {Path(run_dir) / DASHBOARD_URL_FILE})"
 
 
 def create_dashboard_app(source: DashboardSource, token: str) -> FastAPI:
+    """The dashboard app; ``token`` is the run secret (the app's own client reads the service
+    with it). Browsers present the read-only dashboard token derived from it, or the secret."""
     if not token:
         raise ValueError("the dashboard needs the run's admin token")
+    accepted = (token.encode(), dashboard_token(token).encode())
     app = FastAPI(title="AstraFlow dashboard", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.middleware("http")
@@ -191,10 +207,11 @@ def create_dashboard_app(source: DashboardSource, token: str) -> FastAPI:
         # the page's code and chart library hold no run data; everything else needs the token
         path = request.url.path
         if path not in ("/healthz", "/favicon.ico") and not path.startswith("/static/"):
-            given = request.query_params.get("token") or bearer(
-                request.headers.get("authorization")
-            )
-            if not given or not hmac.compare_digest(given, token):
+            # compared as bytes: the header's token is bytes and a query token may be any text;
+            # comparing mixed or non-ASCII str raises TypeError, which answered 500 (issue 48 #8)
+            query = request.query_params.get("token")
+            given = query.encode() if query else bearer(request.headers.get("authorization"))
+            if not given or not any(hmac.compare_digest(given, t) for t in accepted):
                 return Response(
                     "missing or wrong token: open the URL `astraflow dashboard` printed "
                     "(it ends in ?token=...)",

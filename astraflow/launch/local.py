@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from astraflow.errors import AstraFlowError
-from astraflow.launch.processes import Service, astraflow_argv, service_env
+from astraflow.launch.plan import LaunchPlan, PlanError, build_plan, dataflow_argv, node_argv
+from astraflow.launch.processes import Service, service_env
 from astraflow.launch.scaling import AutoscaleLog, PoolScaler
 from astraflow.launch.security import RunSecurity
 from astraflow.launch.stall import Stall, StallWatch
@@ -66,8 +67,12 @@ class LocalLauncher:
         resume: bool = False,
         startup_timeout_s: float = 120.0,
         eval_grace_s: float = 300.0,
+        plan: LaunchPlan | None = None,
     ):
         self.recipe = recipe
+        #: every process of the run, its devices and environment (astraflow.launch.plan); made
+        #: and checked at start() unless given
+        self.plan = plan
         self.run_dir = run_dir
         self.resume = resume
         self.startup_timeout_s = startup_timeout_s
@@ -91,8 +96,23 @@ class LocalLauncher:
             )
 
     # ------------------------------------------------------------------ start
+    def make_plan(self) -> LaunchPlan:
+        """The run's launch plan, checked: an over-subscribed device (or a device or model the
+        plan cannot find) fails the run before anything is written or started."""
+        if self.plan is None:
+            try:
+                self.plan = build_plan(self.recipe, self.run_dir)
+            except PlanError as exc:
+                raise LaunchError(str(exc)) from exc
+        try:
+            self.plan.check()
+        except PlanError as exc:
+            raise LaunchError(str(exc)) from exc
+        return self.plan
+
     def start(self) -> RunHandle:
         rd = self.run_dir
+        self.make_plan()
         # a trainer that cannot start fails the run before anything is written or started
         for policy in self.recipe.trainable_policies():
             try:
@@ -132,27 +152,20 @@ class LocalLauncher:
 
     # The services of a run, as started first and as restarted after a crash.
     def _start(self, svc: Service) -> Service:
-        """Start ``svc`` with the environment of its role (its token, the TLS files)."""
-        assert self.security
-        role = "dataflow" if svc.name == "dataflow" else svc.name.split("-", 1)[0]
-        return svc.start(self.security.env(role, self._env))
+        """Start ``svc`` with the environment of its role (its token, the TLS files) and its
+        devices from the plan (``CUDA_VISIBLE_DEVICES``)."""
+        return svc.start(self._service_env(svc.name))
+
+    def _service_env(self, name: str) -> dict[str, str]:
+        assert self.security and self.plan
+        role = "dataflow" if name == "dataflow" else name.split("-", 1)[0]
+        env = self.security.env(role, self._env)
+        env.update(self.plan.env_for(name))
+        return env
 
     def _dataflow(self, port: int) -> Service:
         rd = self.run_dir
-        argv = astraflow_argv(
-            "serve",
-            "dataflow",
-            "--recipe",
-            str(rd / "recipe.toml"),
-            "--store",
-            str(rd / "dataflow.db"),
-            "--host",
-            self.recipe.dataflow.host,
-            "--port",
-            str(port),
-            "--port-file",
-            str(rd / "dataflow.url"),
-        )
+        argv = dataflow_argv(self.recipe, rd, port)
         return Service("dataflow", argv, rd / "logs" / "dataflow.log")
 
     def _trainer(self, policy: str, resume: bool) -> Service:
@@ -167,22 +180,10 @@ class LocalLauncher:
         return Service(name, argv, rd / "logs" / f"{name}.log")
 
     def _node(self, i: int, replace: bool = False) -> Service:
-        assert self.handle
+        assert self.handle and self.plan
         rd = self.run_dir
-        argv = astraflow_argv(
-            "serve",
-            "rollout",
-            "--join",
-            self.handle.url,
-            "--recipe",
-            str(rd / "recipe.toml"),
-            "--name",
-            f"node-{i}",
-            "--drain-timeout",
-            "10",
-        )
-        if replace:
-            argv.append("--replace")
+        on_gpu = bool(self.plan.env_for(f"node-{i}").get("CUDA_VISIBLE_DEVICES"))
+        argv = node_argv(self.recipe, rd, self.handle.url, i, on_gpu=on_gpu, replace=replace)
         return Service(f"node-{i}", argv, rd / "logs" / f"node-{i}.log")
 
     def _grow_node(self, i: int) -> Service:
@@ -203,11 +204,25 @@ class LocalLauncher:
         elif name.startswith("trainer-"):
             svc = self._trainer(trainer_service_policy(name), resume=True)
         else:
+            self._retire_node(name)
             svc = self._node(int(name.removeprefix("node-")), replace=True)
         started = self._start(svc)  # (the Ray launcher's is another object than svc)
         self.handle.services = [s for s in self.handle.services if s.name != name] + [started]
         self.restart_log.write("restart", name, pid=started.pid, restarts=self.restarts.used[name])
         self._write_pids()
+
+    def _retire_node(self, name: str) -> None:
+        """Deregister a crashed node's registration (as the run's admin) before its successor
+        starts: the new process lacks the old one's node key, so its ``--replace`` cannot retire
+        it, and the dead node would hold its leases until they time out. Best effort: a
+        registration left behind still leaves at its lease timeout."""
+        try:
+            st = self.status()
+            for node in st.nodes if st is not None else []:
+                if node.name == name and node.state != "left":
+                    self.dataflow().deregister(node.id)
+        except DataflowClientError:
+            pass
 
     def _write_pids(self) -> None:
         """Record child PIDs so tools (and tests) can check that nothing outlives the run."""

@@ -22,6 +22,10 @@ from astraflow.launch.processes import Service
 #: Placeholders in a service's argv that the actor fills in on the host it was placed on.
 PYTHON = "{python}"
 NODE_IP = "{node_ip}"
+#: Placeholder in a service's environment: the GPUs Ray reserved for the actor, as
+#: ``CUDA_VISIBLE_DEVICES`` (the launch plan's value for a Ray service on GPUs,
+#: ``astraflow.launch.plan.RAY_GPUS``).
+RAY_GPUS = "{ray_gpus}"
 
 
 def _node_ip() -> str:
@@ -33,12 +37,23 @@ def _node_ip() -> str:
         return socket.gethostbyname(socket.gethostname())
 
 
+def _ray_gpus() -> str:
+    """The GPUs Ray reserved for this actor, as ``CUDA_VISIBLE_DEVICES`` ("" when none)."""
+    try:
+        import ray
+
+        return ",".join(str(g) for g in ray.get_gpu_ids())
+    except Exception:  # outside Ray (tests of this class): what this process was given
+        return os.environ.get("CUDA_VISIBLE_DEVICES", "")
+
+
 class ServiceProcess:
     """One service process on the host this actor was placed on.
 
-    ``env`` holds only what the launcher sets for the service (token, threads, TLS files); the
-    rest is this host's environment, so host-specific variables (``PATH``, the devices Ray
-    assigned in ``CUDA_VISIBLE_DEVICES``) stay right; ``unset`` names variables to remove."""
+    ``env`` holds only what the launcher sets for the service (token, threads, TLS files, and
+    ``CUDA_VISIBLE_DEVICES = RAY_GPUS`` for a service on GPUs, which becomes the GPUs Ray
+    reserved for this actor); the rest is this host's environment, so host-specific variables
+    (``PATH``) stay right; ``unset`` names variables to remove."""
 
     def __init__(
         self, name: str, argv: list[str], log_path: str, env: dict[str, str], unset: list[str]
@@ -47,6 +62,8 @@ class ServiceProcess:
         fill = {PYTHON: sys.executable, NODE_IP: self.node_ip}
         full_env = {k: v for k, v in os.environ.items() if k not in set(unset)}
         full_env.update(env)
+        if full_env.get("CUDA_VISIBLE_DEVICES") == RAY_GPUS:
+            full_env["CUDA_VISIBLE_DEVICES"] = _ray_gpus()
         self.service = Service(name, [fill.get(a, a) for a in argv], Path(log_path))
         self.service.start(full_env)
 

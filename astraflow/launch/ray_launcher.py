@@ -232,6 +232,7 @@ class RayLauncher(LocalLauncher):
         return {"PYTHONPATH": ":".join(dict.fromkeys(parts))}
 
     def start(self) -> RunHandle:
+        self.make_plan()  # an over-subscribed plan fails before a cluster is joined or started
         self.connect()
         return super().start()
 
@@ -246,9 +247,10 @@ class RayLauncher(LocalLauncher):
 
     def _start(self, svc: Service) -> RayService:  # type: ignore[override]
         """Start ``svc``'s command in an actor placed as the recipe asks."""
-        assert self.security
         role = "dataflow" if svc.name == "dataflow" else svc.name.split("-", 1)[0]
-        env = self.security.env(role, self._env)
+        # the plan's CUDA_VISIBLE_DEVICES of a GPU service is RAY_GPUS: the actor fills in the
+        # GPUs Ray reserved for it (ray_actor.ServiceProcess)
+        env = self._service_env(svc.name)
         # only what the launcher sets travels; the host's own environment is the rest
         sent = {k: v for k, v in env.items() if os.environ.get(k) != v}
         sent.update(self._python_path_env())

@@ -14,6 +14,9 @@ tokens handed to remote nodes stay valid for the whole run; ``astraflow token --
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import os
 import secrets
 from dataclasses import dataclass
@@ -25,6 +28,8 @@ from astraflow.recipe import Recipe
 
 SECRET_FILE = "run.secret"
 TLS_DIR = "tls"
+#: The dashboard's address with its read-only token (mode 0600), instead of printing the token.
+DASHBOARD_URL_FILE = "dashboard.url"
 
 #: Which role's token each kind of service runs with.
 SERVICE_ROLES = {"dataflow": ADMIN, "trainer": TRAINER, "node": NODE}
@@ -45,6 +50,49 @@ def load_or_create_secret(run_dir: Path) -> str:
         f.write(secret + "\n")
     os.replace(tmp, path)
     return secret
+
+
+def dashboard_token(secret: str) -> str:
+    """The dashboard's read-only token, derived from the run secret.
+
+    Why not the secret: the dashboard's address is opened in browsers, kept in their history and
+    was printed into every launcher log, and the secret is the admin token (stop the run, read
+    every route). This token opens the dashboard and nothing else: it has no role on the dataflow
+    service (``token_role`` of it is None and it is not the secret), and neither the secret nor a
+    role token can be computed from it (HMAC-SHA256 under a label of its own).
+    """
+    if not secret:
+        raise ValueError("cannot derive the dashboard token from an empty run secret")
+    mac = hmac.new(secret.encode(), b"astraflow/dashboard/read-only", hashlib.sha256).digest()
+    return "dashboard." + base64.urlsafe_b64encode(mac).decode().rstrip("=")
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, readable by this user only (0600)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def protect_run_dir(run_dir: Path) -> None:
+    """Make the run directory and its files this user's alone (0700 / 0600).
+
+    Why: the run directory holds the store (every prompt, answer and node credential digest),
+    the secret and the logs; created 0644 under a 022 umask, policy code running as another user
+    (the code env's ``process`` backend runs it as ``nobody``) could read ``dataflow.db``. The
+    directory's 0700 closes everything in it, later files included; the files' own 0600 keeps
+    them closed when copied or when the directory is shared (a resumed run's files made before
+    this existed are closed here too). The dataflow service creates its store 0600 itself.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(run_dir, 0o700)
+    for path in run_dir.iterdir():
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, 0o600)
 
 
 def read_secret(run_dir: Path) -> str:
@@ -73,6 +121,7 @@ class RunSecurity:
         ``run_dir/tls`` for loopback, this host, ``dataflow.host`` and ``security.cert_hosts``;
         a resumed run reuses the generated ones)."""
         secret = load_or_create_secret(run_dir)
+        protect_run_dir(run_dir)
         sec = recipe.security
         if not sec.tls:
             return cls(secret)

@@ -8,6 +8,12 @@ anyway; :class:`StallWatch` keeps a baseline taken at the newest optimizer step,
 ``run.stall_s`` passes without a step while the episodes since that baseline all failed, or all
 their groups were dropped, it names the cause and the fix. A slow but healthy run never trips it:
 one successful group in the buffer or one batch in training counts as progress.
+
+Refused pushes are a cause of their own (``pushes_refused``): a refused push stores nothing, so a
+run whose every push is refused (episode ids already pushed, versions from the future, another
+task's episodes: issue 48, finding 1) ran no episode the status counts, and this check, which
+looked only at stored episodes, never fired. ``/status.refused`` counts every refusal by route
+and field; a stall with refused pushes or saves and no stored episode names them as the cause.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ class Stall:
     sent (episode errors, a transcript): plain text, cleaned of control characters by
     :func:`~astraflow.launch.text.safe_text`, not markup-escaped (the printer escapes it)."""
 
-    cause: str  # "episodes_failing" | "constant_reward" | "all_dropped"
+    cause: str  # "episodes_failing" | "constant_reward" | "all_dropped" | "pushes_refused"
     message: str
 
 
@@ -38,6 +44,21 @@ class _Baseline:
     episodes: int
     errors: dict[str, int] = field(default_factory=dict)
     drops: dict[str, int] = field(default_factory=dict)
+    refused: dict[str, int] = field(default_factory=dict)
+
+
+#: routes whose refusals mean "the nodes' work does not reach the store"
+REFUSED_ROUTES = ("/trajectories", "/partials")
+
+
+def _refused(st: DataflowStatus) -> dict[str, int]:
+    """Refusals of pushes and saves by reason (``/status.refused``), and the saved episodes
+    discarded because a push was refused."""
+    return {
+        k: n
+        for k, n in (st.refused or {}).items()
+        if any(route in k for route in REFUSED_ROUTES) or k.startswith("discarded saved")
+    }
 
 
 def _steps(st: DataflowStatus) -> int:
@@ -78,23 +99,42 @@ class StallWatch:
             for p in st.policies.values()
         )
         if base is None or _steps(st) != base.steps or busy:
-            self._base = _Baseline(now, _steps(st), st.episodes, errors, _drops(st))
+            self._base = _Baseline(now, _steps(st), st.episodes, errors, _drops(st), _refused(st))
             return None
         if now - base.at < self.stall_s:
             return None
         episodes = st.episodes - base.episodes
+        waited = f"no optimizer step for {now - base.at:.0f}s (run.stall_s = {self.stall_s:g})"
+        refused = _delta(_refused(st), base.refused)
+        if refused and episodes <= 0:
+            return Stall("pushes_refused", self._refused(refused, waited))
         if episodes <= 0:
             return None  # nothing ran at all: slow start-up or no nodes, not this check's case
         new_errors = _delta(errors, base.errors)
         failed = sum(new_errors.values())
         drops = _delta(_drops(st), base.drops)
-        waited = f"no optimizer step for {now - base.at:.0f}s (run.stall_s = {self.stall_s:g})"
         if failed >= episodes:
             return Stall("episodes_failing", self._failing(st, episodes, new_errors, waited))
         signal_drops = {k: v for k, v in drops.items() if k not in ERROR_REASONS}
         if not signal_drops:
             return None  # episodes succeed but nothing was dropped: a group is still forming
         return self._dropped(st, episodes, signal_drops, waited)
+
+    def _refused(self, refused: dict[str, int], waited: str) -> str:
+        total = sum(n for k, n in refused.items() if not k.startswith("discarded saved"))
+        lines = [
+            f"{waited}: no episode was stored, and the dataflow service refused {total:,} "
+            "push(es) or save(s) since the last step: the nodes' work never reaches the trainer."
+        ]
+        for reason, n in sorted(refused.items(), key=lambda kv: -kv[1])[:8]:
+            lines.append(f"  {safe_text(reason, 160, markup=False)}: {n:,}")
+        lines.append(
+            "Each refusal ended its lease (the task was leased again); the node logs in the "
+            "run's logs/ folder say why each was refused. Refused pushes of every node at once "
+            "point at a node build that does not match the service (or at a hostile node that "
+            "poisons saved episodes: see docs/security.md)."
+        )
+        return "\n".join(lines)
 
     def _failing(self, st: DataflowStatus, episodes: int, errors: dict[str, int], waited: str):
         lines = [f"{waited}: all {episodes:,} episodes since the last step failed."]

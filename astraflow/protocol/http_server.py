@@ -37,6 +37,12 @@ from typing import Any, Literal
 import uvicorn
 
 from astraflow.errors import AstraFlowError
+from astraflow.protocol.slow_clients import (
+    BODY_IDLE_TIMEOUT_S,
+    HEADER_TIMEOUT_S,
+    MAX_PENDING_PER_CLIENT,
+    guarded,
+)
 from astraflow.protocol.tls import ServerTLS
 
 #: How often startup is polled: uvicorn offers no event to await until it listens.
@@ -125,6 +131,9 @@ class HTTPServer:
         log_level: str = "warning",
         lifespan: Literal["on", "off", "auto"] = "auto",
         name: str = "http-server",
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+        body_idle_timeout_s: float = BODY_IDLE_TIMEOUT_S,
+        max_pending_per_client: int = MAX_PENDING_PER_CLIENT,
     ) -> None:
         self.sock = bind_socket(host, port)
         self.host = host
@@ -137,7 +146,9 @@ class HTTPServer:
             access_log=False,
             lifespan=lifespan,
             loop="none",
-            http="httptools",
+            # uvicorn's httptools protocol plus header/body read timeouts and a per-client cap
+            # on connections still sending a request (slow clients: issue 48 #7)
+            http=guarded(header_timeout_s, body_idle_timeout_s, max_pending_per_client),
             timeout_keep_alive=30,
             # On shutdown, requests still running after this are cancelled: a long poll whose
             # caller has gone (a stopped trainer's batch request) would otherwise hold the exit

@@ -168,7 +168,8 @@ class PartialEpisode(WireModel):
     one, and the episode is played again from the start); ``workflow_state`` is what the workflow
     itself needs to go on (its turn rewards, the last env info), opaque to the service.
     ``finished``: the episode ended on its node but its group was not pushed yet (a group is
-    pushed whole); a node that takes the task over pushes it as it is."""
+    pushed whole); a node that takes the task over plays it again (its rewards and id were the
+    saving node's word, see ``astraflow.rollout.node.trusted_saves``)."""
 
     #: which of the task's ``group_size`` episodes this is (the node's own numbering, 0-based)
     index: int = Field(ge=0, lt=MAX_GROUP_SIZE)

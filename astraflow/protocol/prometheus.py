@@ -138,8 +138,11 @@ def status_families(st: DataflowStatus) -> Iterator[Any]:
     for reason, e in sorted(st.errors.items()):
         errors.add_metric([reason], e.count)
     yield errors
+    # A node names itself, so its name alone does not identify a series: a second node calling
+    # itself "node-0" would duplicate (and hide) the real node-0's series. ``node_id`` is the id
+    # the service issued at registration, unique per registration (issue 48, #8).
     nodes = {
-        name: _family(kind, name, ["node", "region"])
+        name: _family(kind, name, ["node", "node_id", "region"])
         for kind, name in (
             (GaugeMetricFamily, "astraflow_node_episodes_per_s"),
             (GaugeMetricFamily, "astraflow_node_tokens_per_s"),
@@ -148,7 +151,7 @@ def status_families(st: DataflowStatus) -> Iterator[Any]:
         )
     }
     for n in st.nodes:
-        labels = [n.name or n.id, n.region]
+        labels = [n.name or n.id, n.id, n.region]
         nodes["astraflow_node_episodes_per_s"].add_metric(labels, n.episodes_per_s)
         for name, key in (
             ("astraflow_node_tokens_per_s", "tokens_per_s"),

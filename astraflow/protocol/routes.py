@@ -110,8 +110,10 @@ REGISTER = Endpoint(
     NodeRegistered,
     frozenset({NODE}),
     "Joins the run: policies and versions held, concurrency, region, engines; `replace=true` "
-    "retires a silent node of the same name at once. Reply: node id, heartbeat interval, lease "
-    "timeout, latest versions, `max_lag`, `group_size` (episodes per training task).",
+    "retires a silent node of the same name at once when the caller sends that node's key "
+    "(`X-Node-Key`) or is an admin. Registrations are rate-limited per caller and reaped when "
+    "idle. Reply: node id, node key, heartbeat interval, lease timeout, latest versions, "
+    "`max_lag`, `group_size` (episodes per training task).",
 )
 HEARTBEAT = Endpoint(
     "POST",

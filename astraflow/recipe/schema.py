@@ -68,6 +68,12 @@ class RunConfig(Section):
             "every episode fails or every group is dropped (0: never)"
         ),
     )
+    device_memory_gib: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="Memory of one GPU for the launch plan's fit check (`train --dry-run`); "
+        "default: the smallest visible GPU's, else 80 GiB",
+    )
 
     @property
     def run_dir(self) -> Path:
@@ -175,10 +181,32 @@ class TrainerConfig(Section):
     )
     keep_versions: int = Field(default=8, ge=1, description="Weight versions kept in the store")
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto",
+        description=(
+            "Compute precision. Weights and AdamW state stay float32 (master weights) in every "
+            "case; bfloat16/float16 run the forward and backward under autocast and publish "
+            "weights to the nodes in that dtype. auto: bfloat16 on a GPU that supports it, else "
+            "float32; on CPU float32 (bfloat16 is allowed there too, float16 is not)"
+        ),
+    )
     gradient_checkpointing: bool = False
+    micro_batch_tokens: int = Field(
+        default=8192,
+        gt=0,
+        description=(
+            "Token budget of one forward+backward: each batch (one optimizer step) is split into "
+            "micro-batches of at most this many padded tokens (rows x longest row), whose "
+            "gradients are accumulated with the whole batch's loss normalisation; a row longer "
+            "than the budget is a micro-batch of its own. Bounds the activations' memory "
+            "(log-probabilities are computed in tiles, never as a rows x length x vocabulary "
+            "tensor)"
+        ),
+    )
     extra: dict[str, Any] = Field(
-        default_factory=dict, description="Passed to trl.GRPOConfig as is"
+        default_factory=dict,
+        description="Passed to trl.GRPOConfig as is (except the keys the trainer refuses: "
+        "generation, num_iterations, gradient_accumulation_steps)",
     )
     processes: int = Field(
         default=1,
@@ -224,7 +252,9 @@ class PolicyConfig(Section):
     engine: EngineKind = "transformers"
     trainable: bool = True
     engine_args: dict[str, Any] = Field(
-        default_factory=dict, description="Engine-specific settings (e.g. vllm python, base_url)"
+        default_factory=dict,
+        description="Arguments of the engine kind (docs/recipes.md, 'Engine arguments'), "
+        "checked against the kind's declared arguments (astraflow.rollout.engines.args)",
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
@@ -275,6 +305,36 @@ class PolicyConfig(Section):
             )
         if self.lora is None:
             self.lora = AdapterConfig()
+        return self
+
+    @model_validator(mode="after")
+    def _declared_engine_args(self) -> PolicyConfig:
+        """Each key must be an argument the engine kind declares, of its type, and the kind's
+        required ones must be there: a misspelt or unknown key used to pass here and crash every
+        rollout node at start. Errors are raised per key (``policies.NAME.engine_args.KEY``),
+        naming the engine and the accepted keys. A model validator (not a field validator) so
+        that it sees an omitted ``engine_args`` too and runs after the model/base checks."""
+        from pydantic_core import ValidationError as CoreValidationError
+
+        from astraflow.rollout.engines.args import EngineArgsError, checked_engine_args
+
+        try:
+            checked = checked_engine_args(self.engine, self.engine_args)
+        except EngineArgsError as exc:
+            raise CoreValidationError.from_exception_data(
+                "engine_args",
+                [
+                    {
+                        "type": "value_error",
+                        "loc": ("engine_args", *key.split(".")) if key else ("engine_args",),
+                        "input": value,
+                        "ctx": {"error": ValueError(message)},
+                    }
+                    for key, message, value in exc.problems
+                ],
+            ) from None
+        # the coerced values, set past validate_assignment (which would run this check again)
+        self.__dict__["engine_args"] = checked
         return self
 
     @field_validator("tool_parser")
@@ -491,6 +551,22 @@ class DataflowConfig(Section):
         "'buffer': buffer_steps steps of groups, whatever the pace",
     )
     lease_timeout_s: float = Field(default=120.0, gt=0.0)
+    lease_progress_s: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="Longest a lease may go without progress (a push or an accepted save of "
+        "its episodes): heartbeats renew a lease only up to this long after its last progress, "
+        "then it expires, its task goes back to the queue and its node gets no new training "
+        "lease for this long (throttled). None: 5 * lease_timeout_s (600 s by default). Raise "
+        "it for groups that run longer than that without rollout.checkpoint_after_s saves",
+    )
+    max_leases_per_node: int | None = Field(
+        default=None,
+        ge=1,
+        description="Most active training leases one node may hold at once (a node asking for "
+        "more gets what fits). None: 2 * ceil(rollout.concurrency / tasks.group_size), twice "
+        "what a node of the recipe's own concurrency can run, and at least 64",
+    )
     heartbeat_interval_s: float = Field(
         default=2.0,
         gt=0.0,
@@ -520,7 +596,17 @@ class RolloutConfig(Section):
     nodes: int = Field(default=1, ge=0, description="Rollout nodes started by the local launcher")
     concurrency: int = Field(default=16, ge=1, description="Episodes in flight per node")
     region: str = "local"
-    device: str = "auto"
+    device: str = Field(
+        default="auto",
+        description="auto | cpu | cuda | cuda:N: every node's device, unless devices is set",
+    )
+    devices: list[list[int]] | None = Field(
+        default=None,
+        description="The GPUs of each node, in node order (node-0 first): a device or a list of "
+        "adjacent devices (a tensor-parallel vLLM engine uses the first tensor_parallel_size), "
+        "e.g. [2, 3] or [[0, 1], [2, 3]]; the launcher sets them as the node's "
+        "CUDA_VISIBLE_DEVICES, shared by its engines. Unset: rollout.device for every node",
+    )
     env_workers: int = Field(
         default=32,
         ge=1,
@@ -542,6 +628,25 @@ class RolloutConfig(Section):
         "(resumable workflows such as single_agent over envs with state_dict, e.g. the math and "
         "code envs); None: never saved",
     )
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _devices_per_node(cls, v: Any) -> Any:
+        """``[2, 3]`` (a device per node) or ``[[0, 1], [2, 3]]`` (devices per node)."""
+        if not isinstance(v, list):
+            return v
+        out = [d if isinstance(d, list) else [d] for d in v]
+        for entry in out:
+            if not entry or any(
+                not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in entry
+            ):
+                raise ValueError(
+                    f"rollout.devices entry {entry!r}: expected a device number >= 0 or a "
+                    "non-empty list of them, e.g. [2, 3] or [[0, 1], [2, 3]]"
+                )
+            if len(set(entry)) != len(entry):
+                raise ValueError(f"rollout.devices entry {entry!r} names a device twice")
+        return out
 
 
 class AutoscaleConfig(Section):

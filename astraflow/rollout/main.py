@@ -109,13 +109,13 @@ def _engine_args(recipe: Recipe, opts: NodeOptions, name: str) -> tuple[str, dic
 
 
 def _engine(recipe: Recipe, opts: NodeOptions, name: str, model: str, **extra: Any):
-    from astraflow.models import resolve_model
+    """The engine of policy ``name``: its recipe ``engine_args`` (checked against the kind's
+    declared arguments by the recipe schema and again by ``make_engine``, which also finds a hub
+    id in the local HF cache), the node's device and threads for the transformers engine."""
     from astraflow.rollout.engines import make_engine
 
     kind, args = _engine_args(recipe, opts, name)
-    # an openai engine names a served model; the others load a checkpoint
-    path = model if kind == "openai" else resolve_model(model)
-    return make_engine(kind, path, **args, **extra)
+    return make_engine(kind, model, **args, **extra)
 
 
 def _adapter_engines(

@@ -9,6 +9,7 @@ dataflow service's first-finisher-wins rule keeps every task counted once.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import time
@@ -632,7 +633,7 @@ class RolloutNode:
             sampling = replace(served.sampling, priority=started)
             by_role[role] = replace(served, sampling=sampling)
         kwargs = {**spec.defaults, **self.settings.workflow_kwargs}
-        saved = {p.index: p for p in lease.partials}
+        saved = trusted_saves(lease)
         if saved:
             log.info(
                 "lease %s resumes %d saved episode(s) of task %s", lease.id, len(saved), task.id
@@ -704,12 +705,7 @@ class RolloutNode:
         """One episode of a group; ``playing`` counts the group's episodes still running (a
         finished episode is saved whole only while others of its group still play: the last one
         is pushed with the group at once)."""
-        if saver is not None and saver.resume is not None and saver.resume.finished is not None:
-            # it ended on the node that saved it, whose group never reached the service
-            self.stats.episodes += 1
-            if playing is not None:
-                playing[0] -= 1
-            return saver.resume.finished
+        # a saved finished episode never reaches here (:func:`trusted_saves` plays it again)
         try:
             if saver is not None:
                 kwargs = {**kwargs, "saver": saver}
@@ -738,6 +734,55 @@ class RolloutNode:
             return Episode(
                 task_id=task.id, finish_reason="error", error=f"{type(exc).__name__}: {exc}"[:8000]
             )
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str, separators=(",", ":"))
+
+
+def trusted_saves(lease: Lease) -> dict[int, PartialEpisode]:
+    """The saved episodes of ``lease`` this node resumes, by episode index.
+
+    Saves come from another node, and nodes are untrusted (issue 48, finding 3: forged saves
+    resumed by an honest node trained forged rewards under the honest node's name). So:
+
+    - a saved *finished* episode is never pushed as sent: its rewards, info and id were the
+      saving node's word. The episode is played again here, so this node's env scores it
+      (its id is this node's own, never one pushed before: finding 1);
+    - an episode whose saved env state names a task payload other than the lease's
+      (``env_state["task"]``, what every ``StateMixin`` env saves) is played from the start: it
+      would have answered another question, or run another test plan, under this lease;
+    - an index outside the group is ignored.
+
+    What is resumed keeps its saved tokens, log-probs and versions (the service checked their
+    vocabulary and versions), and the workflow credits the saved turns no reward
+    (``workflows.single_agent.resume_saved``): every reward of the episode is computed by this
+    node's env, for the turns it plays."""
+    payload = _canonical(lease.task.payload)
+    out: dict[int, PartialEpisode] = {}
+    for partial in lease.partials:
+        if partial.index >= lease.task.group_size or partial.index in out:
+            continue
+        if partial.finished is not None:
+            log.info(
+                "lease %s: saved finished episode %d is played again (its rewards are not taken "
+                "on trust)",
+                lease.id,
+                partial.index,
+            )
+            continue
+        state = partial.env_state
+        if isinstance(state, dict) and "task" in state and _canonical(state["task"]) != payload:
+            log.warning(
+                "lease %s: saved episode %d refused: its env state is for another task payload "
+                "than the lease's task %s; played from the start",
+                lease.id,
+                partial.index,
+                lease.task.id,
+            )
+            continue
+        out[partial.index] = partial
+    return out
 
 
 #: Exceptions that mean the engine itself is gone (not that one request was bad). Backends raise a

@@ -59,7 +59,7 @@ def build_engine(opts: PolicyServerOptions):
     from astraflow.models.loading import resolve_checkpoint
     from astraflow.rollout.engines import make_engine
 
-    args = dict(opts.engine_args)
+    args = dict(opts.engine_args)  # checked by make_engine against the kind's declared args
     if opts.engine == "openai":
         return make_engine("openai", opts.model, **args)
     path = resolve_checkpoint(opts.model)
@@ -67,8 +67,4 @@ def build_engine(opts: PolicyServerOptions):
         path = local_model_dir(path)
         args.setdefault("device", opts.device)
         args.setdefault("num_threads", opts.torch_threads)
-        args.setdefault("version", checkpoint_version(path))
-    engine = make_engine(opts.engine, path, **args)
-    if opts.engine != "transformers":
-        engine.version = checkpoint_version(path)
-    return engine
+    return make_engine(opts.engine, path, version=checkpoint_version(path), **args)

@@ -3,8 +3,9 @@
 Why subclass TRL rather than write a loss: TRL already has the GRPO-family losses (grpo, dr_grpo,
 dapo, bnpo, cispo, sapo, ...), the optimizer/scheduler, accelerate/DeepSpeed/FSDP handling, logging
 and checkpoint/resume. Only the batch producer differs in AstraFlow, so only
-``_generate_and_score_completions`` is replaced (private TRL API: ``trl`` is pinned and
-``tests/trainer/test_trl_contract.py`` fails loudly if it changes).
+``_generate_and_score_completions`` is replaced, and ``compute_loss`` runs TRL's ``_compute_loss``
+per micro-batch (private TRL API: ``trl`` is pinned and ``tests/trainer/test_trl_contract.py``
+and ``tests/trainer/test_micro_batches.py`` fail loudly if it changes).
 
 What the override feeds TRL (one batch = one optimizer step; ``num_iterations`` is 1):
 
@@ -28,6 +29,13 @@ What the override feeds TRL (one batch = one optimizer step; ``num_iterations`` 
 * with ``vllm_importance_sampling_correction = false`` in ``[trainer.extra]`` the behaviour
   log-probs themselves become ``old_per_token_logps``, so TRL's PPO ratio is
   ``pi_theta / pi_behaviour``, clipped at ``epsilon``.
+
+One optimizer step is computed micro-batch by micro-batch (``trainer.micro_batch_tokens``,
+:meth:`AstraGRPOTrainer.compute_loss`): each micro-batch's loss is weighted by its share of the
+batch's normaliser, so the accumulated gradient is the one-pass gradient for every loss type,
+while no forward holds more than the budget's padded tokens. The parameters are float32 master
+weights whatever ``trainer.dtype`` says; bfloat16/float16 are autocast compute dtypes and the
+dtype weights are published in (:func:`_resolve_dtype`).
 
 After every optimizer step (in ``_maybe_log_save_evaluate``, i.e. after logging and any checkpoint
 save): publish the new version when due, then acknowledge the batch with the version and the step's
@@ -73,6 +81,11 @@ _FORBIDDEN_EXTRA = {
     "use_transformers_continuous_batching": False,
 }
 
+#: TRL's gradient accumulation (equal row slices of a batch, each normalised on its own), refused
+#: in ``trainer.extra``: :meth:`AstraGRPOTrainer.compute_loss` accumulates micro-batches sized by
+#: ``trainer.micro_batch_tokens`` with the whole batch's normalisation instead.
+_ACCUMULATION_KEYS = ("gradient_accumulation_steps", "steps_per_generation")
+
 
 @dataclass
 class StepReport:
@@ -115,6 +128,9 @@ class AstraGRPOTrainer(GRPOTrainer):
     adapter_only: bool = False
     #: turn-level credit (``trainer.turn_discount``): per-token advantages from per-turn returns
     turn_discount: float | None = None
+    #: token budget of one forward+backward (``trainer.micro_batch_tokens``); None: the whole
+    #: batch in one pass
+    micro_batch_tokens: int | None = None
 
     def __init__(
         self,
@@ -141,10 +157,12 @@ class AstraGRPOTrainer(GRPOTrainer):
                     f"GRPOConfig.{key}={getattr(args, key)!r} is not supported by the AstraFlow trainer "
                     f"(batches come from the dataflow, one optimizer step each); expected {required!r}"
                 )
-        if args.gradient_accumulation_steps != args.steps_per_generation:
+        if args.gradient_accumulation_steps != 1 or args.steps_per_generation != 1:
             raise ValueError(
-                "steps_per_generation must equal gradient_accumulation_steps (one pulled batch per "
-                f"optimizer step); got {args.steps_per_generation} and {args.gradient_accumulation_steps}"
+                "gradient_accumulation_steps and steps_per_generation must be 1 (one pulled batch "
+                "per optimizer step, accumulated over micro-batches of micro_batch_tokens by the "
+                f"trainer itself); got {args.gradient_accumulation_steps} and "
+                f"{args.steps_per_generation}"
             )
         self.source = source
         self.policy = policy
@@ -279,7 +297,8 @@ class AstraGRPOTrainer(GRPOTrainer):
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
         logits_to_keep = completion_ids.size(1)
-        chunk = max(self.args.per_device_train_batch_size, 16)
+        # the reference pass (no gradient) goes in row chunks within the token budget too
+        chunk = max(1, (self.micro_batch_tokens or input_ids.numel()) // input_ids.size(1))
         mode = "train"
         metrics = self._metrics[mode]
 
@@ -357,6 +376,142 @@ class AstraGRPOTrainer(GRPOTrainer):
         metrics["version_lag/max"].append(lag_max)
         self._pending = (batch, c, started)
         return output
+
+    def compute_loss(
+        self,
+        model: Any,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
+    ) -> torch.Tensor:
+        """The whole batch's loss, computed micro-batch by micro-batch within
+        ``micro_batch_tokens`` (:func:`~astraflow.trainer.samples.micro_batch_rows`).
+
+        Why here and not with TRL's gradient accumulation: TRL splits a batch into equal row
+        slices and normalises each on its own (a per-token loss then weights the slices equally
+        whatever their token counts), and its number of slices is fixed in the config, while a
+        token budget needs as many micro-batches as the rows' lengths ask for.
+
+        Every micro-batch but the last is backpropagated here (outside DDP's gradient sync);
+        the last one's loss is returned for the Trainer's own ``backward``, plus the others'
+        detached values so that the logged loss is the batch's. Gradients therefore accumulate
+        to exactly those of the one-batch loss: each micro-batch's TRL loss is weighted by its
+        share of the batch's normaliser (:meth:`_micro_batch_share`). A caller that only wants
+        a value (no gradient) gets the sum of the weighted micro-batch losses.
+        """
+        if return_outputs:
+            raise ValueError("The GRPOTrainer does not support returning outputs")
+        parts = self._split_micro_batches(inputs)
+        if len(parts) == 1:
+            return self._compute_loss(model, inputs)
+        mask = inputs["completion_mask"] * inputs["tool_mask"]
+        totals = (float(mask.size(0)), float(mask.sum()))
+        backprop = torch.is_grad_enabled() and model.training
+        done = None
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            sync = contextlib.nullcontext() if last or not backprop else self._no_sync(model)
+            with sync:
+                loss = self._weighted_loss(model, part, totals)
+                if not last and backprop:
+                    self.accelerator.backward(loss)
+            if not last:
+                loss = loss.detach()
+                done = loss if done is None else done + loss
+        return loss + done
+
+    @contextlib.contextmanager
+    def _no_sync(self, model: Any):
+        """No gradient all-reduce (DDP) and no optimizer step (DeepSpeed's ``backward`` steps
+        when gradients sync) for a micro-batch that is not the step's last."""
+        state = self.accelerator.gradient_state
+        before = state.sync_gradients
+        state._set_sync_gradients(False)
+        try:
+            with self.accelerator.no_sync(model):
+                yield
+        finally:
+            state._set_sync_gradients(before)
+
+    def _split_micro_batches(self, inputs: dict[str, Any]) -> list[dict[str, Any]]:
+        """``inputs`` cut into micro-batches of at most ``micro_batch_tokens`` padded tokens,
+        each trimmed to its own longest completion (right padding: only padding goes).
+
+        The prompts keep the batch's width: they are left-padded, and models number positions
+        from the first column whatever the mask, so trimming their padding would shift every
+        position of a row. With rotary positions that changes the result only by rounding, but
+        then a micro-batch's log-probs would not be bit for bit those of the one-batch pass;
+        kept as they are, they are (each row's computation does not depend on the others)."""
+        from astraflow.trainer.samples import micro_batch_rows
+
+        budget = self.micro_batch_tokens
+        if budget is None:
+            return [inputs]
+        rows = inputs["prompt_ids"].size(0)
+        width = inputs["completion_ids"].size(1)
+        prompt_width = inputs["prompt_ids"].size(1)
+        completion_lens = inputs["completion_mask"].sum(1)
+        groups = micro_batch_rows([prompt_width] * rows, completion_lens.tolist(), budget)
+        if len(groups) == 1:
+            return [inputs]
+        parts = []
+        for group in groups:
+            index = torch.tensor(group, device=inputs["prompt_ids"].device)
+            keep = max(1, int(completion_lens[index].max()))
+            part: dict[str, Any] = {}
+            for key, value in inputs.items():
+                if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.size(0) != rows:
+                    part[key] = value
+                    continue
+                value = value.index_select(0, index)
+                if not key.startswith("prompt_") and value.dim() == 2 and value.size(1) == width:
+                    value = value[:, :keep]
+                part[key] = value
+            parts.append(part)
+        return parts
+
+    def _micro_batch_share(self, part: dict[str, Any], totals: tuple[float, float]) -> float:
+        """The fraction of the batch's loss normaliser that ``part`` holds: its rows for the
+        losses TRL normalises per sequence then averages over rows (grpo, sapo, luspo) or by
+        rows x max_completion_length (dr_grpo); its loss tokens for those normalised by the
+        batch's loss tokens (bnpo: this process's; dapo, cispo, vespo: ``num_items_in_batch``,
+        every process's)."""
+        rows, tokens = totals
+        if self.loss_type in ("grpo", "sapo", "luspo", "dr_grpo"):
+            return part["completion_ids"].size(0) / rows
+        if self.loss_type in ("bnpo", "dapo", "cispo", "vespo"):
+            mask = part["completion_mask"] * part["tool_mask"]
+            return float(mask.sum()) / max(tokens, 1.0)
+        raise ValueError(f"no micro-batch normalisation for loss_type {self.loss_type!r}")
+
+    def _weighted_loss(
+        self, model: Any, part: dict[str, Any], totals: tuple[float, float]
+    ) -> torch.Tensor:
+        """TRL's loss of one micro-batch, weighted to its share of the batch's loss.
+
+        TRL divides every term of its loss (policy, entropy bonus, MoE auxiliary loss) by
+        ``current_gradient_accumulation_steps``, and the token-normalised losses also by
+        ``num_items_in_batch``; setting the first to 1/share and the second to the batch's
+        count x share makes the policy and KL terms exactly the micro-batch's part of the
+        one-batch loss. The entropy bonus and auxiliary loss become the micro-batch's mean
+        weighted by that same share (rows or tokens): exact for the token-normalised losses, a
+        row-weighted mean of micro-batch means for the per-sequence ones. A micro-batch with
+        no loss tokens keeps its graph (DDP needs every parameter's gradient) at weight 0.
+        """
+        share = self._micro_batch_share(part, totals)
+        scale = 1.0
+        if share <= 0.0:
+            share, scale = 1.0, 0.0
+        part = dict(part)
+        if "num_items_in_batch" in part:
+            part["num_items_in_batch"] = part["num_items_in_batch"] * share
+        saved = self.current_gradient_accumulation_steps
+        self.current_gradient_accumulation_steps = 1.0 / share
+        try:
+            loss = self._compute_loss(model, part)
+        finally:
+            self.current_gradient_accumulation_steps = saved
+        return loss * scale if scale != 1.0 else loss
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         self._correcting = inputs
@@ -535,6 +690,11 @@ class AstraGRPOTrainer(GRPOTrainer):
         of the base model), so every engine loads them like a full fine-tune's; see
         :func:`merged_lora_state`. An adapter policy (:attr:`adapter_only`) publishes its adapter
         alone, keyed as peft saves it (:func:`astraflow.models.lora.adapter_state`).
+
+        Floating-point tensors are in the autocast dtype (:attr:`publish_dtype`): the float32
+        master weights stay in the trainer, and nodes get what a bfloat16 engine holds; a weight
+        delta between two versions is then one of bfloat16 values, mostly unchanged at an RL
+        learning rate.
         """
         state = self.accelerator.get_state_dict(self.model)
         model = self.accelerator.unwrap_model(self.model)
@@ -544,10 +704,28 @@ class AstraGRPOTrainer(GRPOTrainer):
             adapter = get_peft_model_state_dict(
                 model, state_dict=state, adapter_name=TRAINER_ADAPTER, save_embedding_layers=False
             )
-            return {k: v.detach() for k, v in adapter.items()}
+            return self._published_dtype(adapter)
         if _is_peft(model):
-            return merged_lora_state(model, state)
-        return {k: v.detach() for k, v in state.items()}
+            return self._published_dtype(merged_lora_state(model, state))
+        return self._published_dtype(state)
+
+    @property
+    def publish_dtype(self) -> torch.dtype | None:
+        """The autocast dtype when ``bf16``/``fp16`` is on; None: publish the parameters' own."""
+        if self.args.bf16:
+            return torch.bfloat16
+        if self.args.fp16:
+            return torch.float16
+        return None
+
+    def _published_dtype(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        dtype = self.publish_dtype
+        if dtype is None:
+            return {k: v.detach() for k, v in state.items()}
+        return {
+            k: v.detach().to(dtype) if v.is_floating_point() else v.detach()
+            for k, v in state.items()
+        }
 
     def _publish(self, version: int) -> bool:
         if self.publish_fn is None or version in self._published:
@@ -656,26 +834,40 @@ def _resolve_device(device: str) -> str:
 
 
 def resolve_precision(cfg: TrainerConfig) -> tuple[str, torch.dtype]:
-    """(device, parameter dtype) a trainer with ``cfg`` loads its model with."""
+    """(device, parameter dtype) a trainer with ``cfg`` loads its model with: the parameter
+    dtype is always float32 (master weights; the compute dtype is :func:`compute_dtype`)."""
     device = _resolve_device(cfg.device)
     return device, _resolve_dtype(cfg.dtype, device)[0]
 
 
 def _resolve_dtype(dtype: str, device: str) -> tuple[torch.dtype, bool, bool]:
-    """(parameter dtype, bf16 autocast, fp16 autocast)."""
+    """(parameter dtype, bf16 autocast, fp16 autocast).
+
+    The parameters are float32 in every case: they are the master weights AdamW updates, and its
+    state is float32 with them. Why not bfloat16 parameters: at an RL learning rate (1e-6) most
+    AdamW updates are below half a bfloat16 ulp of the weight and round away; 20 such steps moved
+    2 % of the weights against 30 % with float32 masters. bfloat16/float16 are compute dtypes,
+    applied by accelerate's autocast (``GRPOConfig.bf16``/``fp16``); what nodes receive is cast
+    to them at publication (:meth:`AstraGRPOTrainer.state_dict_for_publication`).
+    """
     if device == "cpu":
-        if dtype not in ("auto", "float32"):
+        if dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(
-                f"trainer.dtype={dtype!r} is not supported on CPU; use float32 or auto"
+                f"trainer.dtype={dtype!r} is not supported on CPU (no float16 autocast there); "
+                "use float32, bfloat16 or auto"
             )
-        return torch.float32, False, False
+        return torch.float32, dtype == "bfloat16", False
     if dtype == "auto":
         dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
-    if dtype == "bfloat16":
-        return torch.bfloat16, True, False
-    if dtype == "float16":  # fp32 master weights, fp16 autocast (pure fp16 training diverges)
-        return torch.float32, False, True
-    return torch.float32, False, False
+    return torch.float32, dtype == "bfloat16", dtype == "float16"
+
+
+def compute_dtype(cfg: TrainerConfig) -> torch.dtype:
+    """The dtype a trainer with ``cfg`` computes in and publishes: bfloat16/float16 under
+    autocast, else float32 (its parameters are float32 regardless, see :func:`_resolve_dtype`)."""
+    device = _resolve_device(cfg.device)
+    _, bf16, fp16 = _resolve_dtype(cfg.dtype, device)
+    return torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
 
 
 def make_grpo_config(
@@ -689,12 +881,20 @@ def make_grpo_config(
     fp16: bool,
     temperature: float,
     max_completion_length: int,
-    micro_batches: int = 1,
 ) -> GRPOConfig:
     """The ``trl.GRPOConfig`` for a recipe's ``[policies.X.trainer]`` section.
 
-    ``cfg.extra`` is applied last (any GRPOConfig field), except keys that would make TRL generate.
+    ``cfg.extra`` is applied last (any GRPOConfig field), except keys that would make TRL generate
+    and TRL's gradient accumulation (see :data:`_ACCUMULATION_KEYS`).
     """
+    for key in _ACCUMULATION_KEYS:
+        if key in cfg.extra:
+            raise ValueError(
+                f"trainer.extra.{key} is not supported: the trainer splits each batch into "
+                "micro-batches by a token budget and accumulates their gradients itself, one "
+                f"optimizer step per batch; set trainer.micro_batch_tokens (now "
+                f"{cfg.micro_batch_tokens}) to bound the memory of one forward+backward instead"
+            )
     kwargs: dict[str, Any] = dict(
         output_dir=str(output_dir),
         loss_type=cfg.loss_type,
@@ -712,8 +912,8 @@ def make_grpo_config(
         seed=seed,
         num_generations=2,
         per_device_train_batch_size=2,
-        gradient_accumulation_steps=micro_batches,
-        steps_per_generation=micro_batches,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
         num_iterations=1,
         temperature=temperature if temperature > 0 else 1.0,
         max_completion_length=max_completion_length,
@@ -746,8 +946,6 @@ def make_grpo_config(
                 f"trainer.extra.{key}={kwargs[key]!r} is not supported: AstraFlow trainers never "
                 f"generate and take one optimizer step per pulled batch (expected {required!r})"
             )
-    if "gradient_accumulation_steps" in cfg.extra:
-        kwargs["steps_per_generation"] = kwargs["gradient_accumulation_steps"]
     return GRPOConfig(**kwargs)
 
 
@@ -767,7 +965,6 @@ def build_trainer(
     max_completion_length: int = 512,
     max_staleness: int | None = None,
     torch_threads: int = 1,
-    micro_batches: int = 1,
     adapter: AdapterSpec | None = None,
     base_model: Any = None,
 ) -> AstraGRPOTrainer:
@@ -812,7 +1009,6 @@ def build_trainer(
         fp16=fp16,
         temperature=temperature,
         max_completion_length=max_completion_length,
-        micro_batches=micro_batches,
     )
     trainer = AstraGRPOTrainer(
         model=model,
@@ -828,6 +1024,7 @@ def build_trainer(
         max_staleness=max_staleness,
         peft_config=_peft_config(trainer_cfg, adapter),
     )
+    trainer.micro_batch_tokens = trainer_cfg.micro_batch_tokens
     if trainer_cfg.off_policy == "m2po":
         trainer.m2po_threshold = trainer_cfg.m2po_threshold
     trainer.turn_discount = trainer_cfg.turn_discount

@@ -261,3 +261,42 @@ def collate_batch(
         skipped=skipped,
         invalid=invalid,
     )
+
+
+def micro_batch_rows(
+    prompt_lengths: list[int], completion_lengths: list[int], budget: int
+) -> list[list[int]]:
+    """Row indices of a batch grouped into micro-batches of at most ``budget`` padded tokens.
+
+    A micro-batch is padded to its longest prompt plus its longest completion, so its cost is
+    rows x (max prompt + max completion); that is what one forward with gradients holds in
+    activations. Rows are taken longest first, and each micro-batch takes rows while the padded
+    size stays within the budget, so rows of similar length share a micro-batch and little
+    padding is computed. A row longer than the budget is a micro-batch of its own (it cannot be
+    split: its tokens attend to each other). Which rows share a micro-batch does not change the
+    accumulated gradient (:meth:`~astraflow.trainer.grpo.AstraGRPOTrainer.compute_loss`). The
+    trainer passes the batch's prompt width as every row's prompt length: it keeps the
+    left-padded prompt columns whole (see ``AstraGRPOTrainer._split_micro_batches``).
+    """
+    if budget <= 0:
+        raise ValueError(f"micro-batch budget must be > 0 tokens, got {budget}")
+    if len(prompt_lengths) != len(completion_lengths):
+        raise ValueError("one prompt and one completion length per row")
+    order = sorted(
+        range(len(prompt_lengths)),
+        key=lambda i: (-(prompt_lengths[i] + completion_lengths[i]), i),
+    )
+    groups: list[list[int]] = []
+    current: list[int] = []
+    width_p = width_c = 0
+    for i in order:
+        p, c = max(prompt_lengths[i], 1), max(completion_lengths[i], 1)
+        wp, wc = max(width_p, p), max(width_c, c)
+        if current and (len(current) + 1) * (wp + wc) > budget:
+            groups.append(current)
+            current, wp, wc = [], p, c
+        current.append(i)
+        width_p, width_c = wp, wc
+    if current:
+        groups.append(current)
+    return groups

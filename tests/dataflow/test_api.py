@@ -102,19 +102,30 @@ def test_push_is_idempotent_and_first_finisher_wins(client):
 
 
 def test_push_validation_reasons(client):
+    """Each refusal names what was wrong; one for what conflicts with the lease also ends it
+    (issue 48: a refused lease no longer lingers, renewed by heartbeats), so each case here
+    takes a fresh lease."""
     node = _node(client)
-    lease = client.lease(node_id=node, max_tasks=1, versions={"policy": 0}).leases[0]
+
+    def fresh():
+        return client.lease(node_id=node, max_tasks=1, versions={"policy": 0}).leases[0]
+
+    lease = fresh()
     too_many = client.push(node_id=node, lease_id=lease.id, episodes=group(lease.task.id, [1] * 5))
     assert not too_many.accepted and "needs 4 more" in too_many.reason
+    assert "ended, task back in the queue" in too_many.reason
+    lease = fresh()
     wrong_task = client.push(node_id=node, lease_id=lease.id, episodes=group("other", [1]))
     assert not wrong_task.accepted and "task_id" in wrong_task.reason
+    lease = fresh()
     bad_role = client.push(
         node_id=node, lease_id=lease.id, episodes=[episode(lease.task.id, roles=("critic",))]
     )
     assert not bad_role.accepted and "critic" in bad_role.reason
+    lease = fresh()
     unknown = client.push(node_id=node, lease_id="lease-nope", episodes=group(lease.task.id, [1]))
     assert not unknown.accepted and "unknown lease" in unknown.reason
-    # partial pushes complete the group
+    # partial pushes complete the group (a refusal naming another lease left this one alone)
     assert client.push(
         node_id=node, lease_id=lease.id, episodes=group(lease.task.id, [1, 0])
     ).accepted
@@ -127,22 +138,31 @@ def test_push_validation_reasons(client):
 
 def test_an_episode_id_is_stored_once(client):
     """An episode id repeated inside one push, or already pushed under another key, is refused
-    with the index of the first repeat; nothing of the refused push is stored."""
+    with the index of the first repeat; nothing of the refused push is stored, and the refusal
+    ends the lease (its task is leased again, issue 48)."""
     node = _node(client)
-    lease = client.lease(node_id=node, max_tasks=1, versions={"policy": 0}).leases[0]
+
+    def lease_of(task_id=None):
+        leases = client.lease(node_id=node, max_tasks=4, versions={"policy": 0}).leases
+        return next(x for x in leases if task_id is None or x.task.id == task_id)
+
+    lease = lease_of()
     first = group(lease.task.id, [1, 0])
     assert client.push(node_id=node, lease_id=lease.id, episodes=first).accepted
     twice = group(lease.task.id, [1])
     twice.append(twice[0].model_copy())
     inside = client.push(node_id=node, lease_id=lease.id, episodes=twice)
     assert not inside.accepted and "episodes[1].id" in inside.reason
+    assert "ended, task back in the queue" in inside.reason
+    lease = lease_of(lease.task.id)
     again = client.push(
         node_id=node, lease_id=lease.id, episodes=[*group(lease.task.id, [1]), first[1]]
     )
     assert not again.accepted and "episodes[1].id" in again.reason
     assert "already pushed" in again.reason
-    # the refused pushes stored nothing: two more fresh episodes complete the group of 4
-    done = client.push(node_id=node, lease_id=lease.id, episodes=group(lease.task.id, [1, 0]))
+    # the refused pushes stored nothing: four fresh episodes on a new lease complete the group
+    lease = lease_of(lease.task.id)
+    done = client.push(node_id=node, lease_id=lease.id, episodes=group(lease.task.id, [1, 0, 1, 0]))
     assert done.accepted
     assert client.status()["policies"]["policy"]["buffer_groups"] == 1
 

@@ -42,7 +42,7 @@ def test_dataflow_metrics_carry_every_documented_name(tmp_path):
     assert 'astraflow_dropped_total{policy="policy",reason="zero_variance"} 4.0' in text
     assert "astraflow_episodes_total 8.0" in text
     assert 'astraflow_buffer_groups{policy="policy"} 1.0' in text
-    assert 'astraflow_node_episodes_per_s{node="box",region="local"}' in text
+    assert f'astraflow_node_episodes_per_s{{node="box",node_id="{node}",region="local"}}' in text
     assert "astraflow_lease_wait_seconds_count 1.0" in text  # the one call that got leases
 
 

@@ -32,12 +32,15 @@ def _traj(turns: int, version: int, role: str = "agent") -> Trajectory:
     return Trajectory(role=role, tokens=tokens, loss_mask=mask, logprobs=lps, versions=vers)
 
 
-def _partial(index: int, turns: int, version: int = 3, **kw) -> PartialEpisode:
+def _partial(
+    index: int, turns: int, version: int = 3, task: dict | None = None, **kw
+) -> PartialEpisode:
+    """``task``: the payload the env state names (a save's must be its lease's own task's)."""
     return PartialEpisode(
         index=index,
         turns=turns,
         trajectories=[_traj(turns, version, **kw)],
-        env_state={"task": {"question": "2+3"}, "turn": turns},
+        env_state={"task": task if task is not None else {"question": "2+3"}, "turn": turns},
         workflow_state={"turn_rewards": [0.0] * turns},
         elapsed_s=1.5,
     )
@@ -67,11 +70,16 @@ def test_expired_lease_hands_its_saved_episodes_to_the_next_lease(run):
     a, b = _node(client, "A"), _node(client, "B")
     (lease_a,) = client.lease(node_id=a, max_tasks=1, versions={"policy": 0}).leases
     assert lease_a.partials == []  # nothing saved yet
-    first = client.save_partials(node_id=a, lease_id=lease_a.id, partials=[_partial(0, 1)])
+    task = lease_a.task.payload  # a save's env state is the state of its lease's task
+    first = client.save_partials(
+        node_id=a, lease_id=lease_a.id, partials=[_partial(0, 1, task=task)]
+    )
     assert first.accepted and first.stored == 1
     # a newer save of episode 0 replaces the older one; episode 2 is saved beside it
     newer = client.save_partials(
-        node_id=a, lease_id=lease_a.id, partials=[_partial(0, 2), _partial(2, 1)]
+        node_id=a,
+        lease_id=lease_a.id,
+        partials=[_partial(0, 2, task=task), _partial(2, 1, task=task)],
     )
     assert newer.accepted and newer.stored == 2
     rows = _saved(svc)
@@ -85,14 +93,20 @@ def test_expired_lease_hands_its_saved_episodes_to_the_next_lease(run):
     (lease_b,) = [lease for lease in leases_b if lease.task.id == lease_a.task.id]
     assert [p.index for p in lease_b.partials] == [0, 2]
     carried = lease_b.partials[0]
-    assert carried == _partial(0, 2)  # tokens, log-probs, versions, env and workflow state
+    assert carried == _partial(
+        0, 2, task=task
+    )  # tokens, log-probs, versions, env and workflow state
     assert carried.trajectories[0].versions[3:5] == [3, 3]  # A's versions, not B's 5
 
     # A is back from its partition: its lease is no longer active, its saves are refused
-    late = client.save_partials(node_id=a, lease_id=lease_a.id, partials=[_partial(0, 3)])
+    late = client.save_partials(
+        node_id=a, lease_id=lease_a.id, partials=[_partial(0, 3, task=task)]
+    )
     assert not late.accepted and "expired" in late.reason
     # B resumed episode 0 and saves its next turn under its own lease
-    assert client.save_partials(node_id=b, lease_id=lease_b.id, partials=[_partial(0, 3)]).accepted
+    assert client.save_partials(
+        node_id=b, lease_id=lease_b.id, partials=[_partial(0, 3, task=task)]
+    ).accepted
     assert [(r.index, r.turns, r.lease_id) for r in _saved(svc)] == [
         (0, 3, lease_b.id),
         (2, 1, lease_a.id),

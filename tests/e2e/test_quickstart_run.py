@@ -142,9 +142,14 @@ def test_train_writes_tensorboard_scalars(quickstart_run):
 def test_train_stops_cleanly_and_serves_the_dashboard(quickstart_run):
     out = quickstart_run.stdout
     assert "stopped cleanly" in out
-    # train served the dashboard beside the run on a port it printed (token-protected)
-    served = re.search(r"dashboard at (https?)://127\.0\.0\.1:(\d+)/\S*token=", out)
+    # train served the dashboard beside the run on a port it printed; its read-only token is in
+    # RUN_DIR/dashboard.url (0600), never in the log (issue 48 #8)
+    served = re.search(r"dashboard at (https?)://127\.0\.0\.1:(\d+)/ \(with its token: ", out)
     assert served and int(served.group(2)) > 0, out[:2000]
+    assert "token=" not in out
+    address = (quickstart_run.run_dir / "dashboard.url").read_text().strip()
+    base = f"{served.group(1)}://127.0.0.1:{served.group(2)}/"
+    assert address.startswith(base) and "?token=dashboard." in address
     # how it ended stays in the run directory (the finished run's dashboard reads it)
     from astraflow.launch.outcome import read_outcome
 

@@ -136,8 +136,9 @@ def test_figures_from_status():
         idle=0.4, buffered=2, in_flight=4,
     )  # fmt: skip
     f = figures(st, pool={"node-0", "node-3"}, draining={"node-1"}, groups_per_node=2)
-    # node-3 is started but not registered yet; node-1 drains; "ext" joined from elsewhere
-    assert (f.pool, f.starting, f.draining, f.nodes) == (2, 1, 1, 2)
+    # node-3 is started but not registered yet; node-1 drains; "ext" joined from elsewhere and
+    # takes no work (no leases, no episodes), so it is no capacity (issue 48 #7)
+    assert (f.pool, f.starting, f.draining, f.nodes) == (2, 1, 1, 1)
     assert (f.in_flight, f.trainer_idle, f.buffer_fill) == (4, 0.4, 0.75)
 
 

@@ -4,8 +4,9 @@ again: the real dataflow service on loopback, a real :class:`RolloutNode` in-pro
 
 A first "node" (the workflow run directly with its own scripted engine) plays the task's episodes
 and saves them: episode 0 two turns in, episode 1 finished. Its lease is handed back; the node
-under test takes the task over, generates only episode 0's last two turns and pushes episode 1 as
-it was saved.
+under test takes the task over, generates only episode 0's last two turns and plays episode 1
+again: a saved finished episode is never pushed as sent (its rewards and id were the saving node's
+word; issue 48, findings 1 and 3), so its reward comes from this node's env.
 """
 
 from __future__ import annotations
@@ -133,11 +134,13 @@ def test_node_resumes_saved_episodes_of_a_handed_back_lease(tmp_path):
             e for e in svc.service.store.call(history.episodes) if e.lease_id == task.winner
         ]
         assert len(episodes) == 2
-        # episode 1 pushed exactly as the first node saved it; episode 0 resumed at turn 2
-        finished = next(e for e in episodes if e.id == saved[1].finished.id)
-        assert finished.info["metrics"] == saved[1].finished.metrics
-        (resumed,) = [e for e in episodes if e.id != saved[1].finished.id]
+        # episode 0 resumed at turn 2; episode 1 played again from the start, under a new id
+        assert saved[1].finished.id not in {e.id for e in episodes}
+        by_resumed = sorted(episodes, key=lambda e: e.info["metrics"]["resumed_turns"])
+        replayed, resumed = by_resumed
+        assert replayed.info["metrics"]["resumed_turns"] == 0
         assert resumed.info["metrics"]["resumed_turns"] == 2
         assert resumed.info["metrics"]["turns"] == MAX_TURNS
-        assert policy.engine.calls == MAX_TURNS - 2  # only episode 0's last two turns
+        # episode 0's last two turns, and all of episode 1
+        assert policy.engine.calls == (MAX_TURNS - 2) + MAX_TURNS
         assert svc.service.store.call(history.partials) == []

@@ -10,6 +10,7 @@ Bodies are msgpack or JSON (see :mod:`astraflow.dataflow.http.bodies`); the Open
 from __future__ import annotations
 
 import inspect
+import os
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -125,6 +126,24 @@ class DataflowApp(FastAPI):
             await self.outer(scope, receive, send)
 
 
+def _private_store(path: Path) -> None:
+    """Create the store file 0600 (or make an existing one 0600) before SQLite opens it.
+
+    Why: SQLite creates a new database with the process umask (0644 under the usual 022), and its
+    ``-wal`` and ``-shm`` files copy the database's mode; the store holds every prompt, answer and
+    credential digest of the run, and policy code on the code env's ``process`` backend runs as
+    another local user (issue 48, #8). An empty file is a valid new SQLite database.
+    """
+    path = Path(path)
+    if str(path) == ":memory:":
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if p.exists():
+            os.chmod(p, 0o600)
+
+
 def create_app(
     recipe: Recipe,
     store_path: Path | str | None = None,
@@ -145,6 +164,7 @@ def create_app(
         if store_path
         else (recipe.dataflow.store or recipe.run.run_dir / "dataflow.db")
     )
+    _private_store(store_path)
     service = DataflowService(config, store_path, task_source=task_source, synchronous=synchronous)
     limit = config.max_body_bytes
 

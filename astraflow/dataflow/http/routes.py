@@ -149,11 +149,18 @@ class Caller:
 
     role: str | None
     node_key: str | None
+    #: the client's address (host), for per-caller quotas
+    client: str | None = None
 
     @classmethod
     def of(cls, scope: dict) -> Caller:
         key = header(scope, NODE_KEY_HEADER.encode())
-        return cls(scope.get(ROLE_SCOPE_KEY), key.decode("latin-1") if key is not None else None)
+        host, *_ = scope.get("client") or (None,)  # (host, port) of the peer
+        return cls(
+            scope.get(ROLE_SCOPE_KEY),
+            key.decode("latin-1") if key is not None else None,
+            str(host) if host is not None else None,
+        )
 
 
 def _decode_push(body: bytes, content_type: str, limit: int) -> tuple[TrajectoryPush, dict]:
@@ -168,8 +175,10 @@ async def healthz(api: Api) -> dict:
     return {"ok": True}
 
 
-async def register(api: Api, reg: NodeRegistration) -> NodeRegistered:
-    return await api.service.register(reg)
+async def register(api: Api, reg: NodeRegistration, caller: Caller) -> NodeRegistered:
+    """``replace`` retires a namesake only with its X-Node-Key (or an admin token); the caller's
+    role and address set its registration quota (:mod:`astraflow.dataflow.ops.registration`)."""
+    return await api.service.register(reg, caller.role, caller.node_key, caller.client)
 
 
 async def heartbeat(api: Api, hb: Heartbeat, node_id: str) -> HeartbeatReply:
@@ -270,7 +279,13 @@ _UNKNOWN_NODE = {404: "Unknown node"}
 ROUTES: tuple[Route, ...] = (
     Route(api.HEALTHZ, healthz, ("meta",)),
     # rollout nodes
-    Route(api.REGISTER, register, ("nodes",)),
+    Route(
+        api.REGISTER,
+        register,
+        ("nodes",),
+        errors={429: "Too many nodes, or registrations from this caller too fast"},
+        caller=True,
+    ),
     Route(api.HEARTBEAT, heartbeat, ("nodes",), errors=_UNKNOWN_NODE),
     Route(
         api.DEREGISTER,

@@ -15,11 +15,23 @@ Rules (documented in docs/decisions.md):
   (counted as ``frozen_policy``). Evaluation episodes never become samples.
 - Group reward mean and std (unbiased, as TRL computes it) are stored at ingestion; advantages are
   computed at batch time (see :mod:`astraflow.dataflow.ops.batching`).
+- A push refused for what conflicts with what the service issued (no episodes, too many,
+  another task's, unknown or doubled roles, episode ids already pushed: ``accepted=false``) ends
+  its lease: the task goes back to the queue at once, and the episodes saved in flight for the
+  task are discarded (counted), since a lease that resumed them could not deliver them. Why
+  (issue 48, finding 1): a refused push used to leave its lease active, renewed by every
+  heartbeat, so a task whose saved episodes could never be pushed cycled on the honest node
+  forever. Each refusal is counted in ``/status.refused`` (the service, from ``refused``).
+  A push refused at the door (422: tokens outside the vocabulary, versions from the future)
+  leaves its lease as it is, so a node may correct and resend; a lease that never gets a push
+  through expires at ``dataflow.lease_progress_s`` (:mod:`.leasing`), a refused push being no
+  progress.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 
@@ -49,10 +61,14 @@ def push(
     tx: Tx,
     req: TrajectoryPush,
     packed: dict[tuple[int, int], PackedArrays] | None = None,
+    refused: dict[str, Any] | None = None,
 ) -> PushResult:
     """Ingest ``req``; ``packed`` holds arrays that arrived packed
-    (:mod:`astraflow.dataflow.storage.packed`)."""
+    (:mod:`astraflow.dataflow.storage.packed`). A refusal (``accepted=false``, not a retry's
+    cached answer) fills ``refused``: ``field`` (what was wrong) and ``discarded_saves`` (saved
+    episodes of the task dropped with the lease, :func:`end_refused_lease`)."""
     packed = packed or {}
+    refused = refused if refused is not None else {}
     key = storage.idempotency.scoped("push", req.node_id, req.idempotency_key)
     body_digest = push_digest(req, packed)
     cached = storage.idempotency.remembered(tx, key, "push", body_digest)
@@ -62,20 +78,29 @@ def push(
         return result
     now = ctx.now()
 
-    def reject(reason: str) -> PushResult:
+    def reject(reason: str, field: str | None = None, end_lease: bool = False) -> PushResult:
+        """Refuse the push; ``field``: what was wrong, counted as a refusal (None: a race an
+        honest node runs into, a late push of a task another lease completed, not counted)."""
         result = PushResult(accepted=False, reason=reason)
         storage.idempotency.remember(
             tx, key, "push", state.pack(result.model_dump()), now, body_digest
         )
+        if field is not None:
+            refused["field"] = field
+        if end_lease:
+            refused["discarded_saves"] = end_refused_lease(ctx, tx, req.node_id, req.lease_id)
+            result.reason = f"{reason}; lease {req.lease_id!r} ended, task back in the queue"
         return result
 
     target = storage.leases.for_push(tx, req.lease_id)
     if target is None:
-        return reject(f"unknown lease {req.lease_id!r}")
+        return reject(f"unknown lease {req.lease_id!r}", "lease_id")
     task_id, lease_state, lease_episodes = target.task_id, target.state, target.episodes
     group_size, is_eval = target.group_size, target.is_eval
     if target.node_id != req.node_id:  # never name the other node: node ids are not for nodes
-        return reject(f"lease {req.lease_id!r} was granted to another node, not {req.node_id!r}")
+        return reject(
+            f"lease {req.lease_id!r} was granted to another node, not {req.node_id!r}", "lease_id"
+        )
     if target.task_state == "done":
         if target.winner == req.lease_id:
             return reject(f"lease {req.lease_id!r} already delivered its whole group")
@@ -85,28 +110,44 @@ def push(
     if lease_state in ("released", "superseded"):
         return reject(f"lease {req.lease_id!r} was {lease_state}")
     if not req.episodes:
-        return reject("push carries no episodes")
+        return reject("push carries no episodes", "episodes", end_lease=True)
     remaining = group_size - lease_episodes
     if len(req.episodes) > remaining:
         return reject(
             f"lease {req.lease_id!r} needs {remaining} more episode(s) (group_size {group_size}), "
-            f"push has {len(req.episodes)}"
+            f"push has {len(req.episodes)}",
+            "episodes",
+            end_lease=True,
         )
     roles = ctx.config.roles
     seen: set[str] = set()
     pushed_before = storage.episodes.existing(tx, [ep.id for ep in req.episodes])
     for i, ep in enumerate(req.episodes):
         if ep.task_id != task_id:
-            return reject(f"episodes[{i}].task_id is {ep.task_id!r}, lease is for {task_id!r}")
+            return reject(
+                f"episodes[{i}].task_id is {ep.task_id!r}, lease is for {task_id!r}",
+                "episodes.*.task_id",
+                end_lease=True,
+            )
         unknown = {t.role for t in ep.trajectories} - set(roles)
         if unknown:
             return reject(
-                f"episodes[{i}] has roles {sorted(unknown)} not in workflow.roles {sorted(roles)}"
+                f"episodes[{i}] has roles {sorted(unknown)} not in workflow.roles {sorted(roles)}",
+                "episodes.*.trajectories.*.role",
+                end_lease=True,
             )
         if len({t.role for t in ep.trajectories}) != len(ep.trajectories):
-            return reject(f"episodes[{i}] has two trajectories for one role")
+            return reject(
+                f"episodes[{i}] has two trajectories for one role",
+                "episodes.*.trajectories.*.role",
+                end_lease=True,
+            )
         if ep.id in seen or ep.id in pushed_before:
-            return reject(f"episodes[{i}].id {ep.id!r} was already pushed")
+            return reject(
+                f"episodes[{i}].id {ep.id!r} was already pushed (each episode needs a new id)",
+                "episodes.*.id",
+                end_lease=True,
+            )
         seen.add(ep.id)
 
     problem = req.policy_problem(
@@ -116,6 +157,26 @@ def push(
     )
     if problem is not None:
         raise Invalid(f"invalid TrajectoryPush: {problem.field}: {problem.message}", problem.field)
+    arrays_of = {
+        i: [
+            packed.get((i, j))
+            or PackedArrays.from_lists(t.tokens, t.loss_mask, t.logprobs, t.versions)
+            for j, t in enumerate(ep.trajectories)
+        ]
+        for i, ep in enumerate(req.episodes)
+    }
+    latest = storage.versions.latest_versions(tx)
+    for i, ep in enumerate(req.episodes):
+        for j, (t, a) in enumerate(zip(ep.trajectories, arrays_of[i], strict=True)):
+            newest = latest.get(roles[t.role])
+            if newest is not None and a.n_tokens and a.max_version > newest:
+                field = f"episodes.{i}.trajectories.{j}.versions"
+                raise Invalid(
+                    f"{field} claims weight version {a.max_version} of policy "
+                    f"{roles[t.role]!r}; the newest version announced for it is {newest} (a "
+                    "version from the future was never generated)",
+                    field,
+                )
     n_samples = 0
     storage.episodes.insert_many(
         tx, [_episode_row(ep, req, bool(is_eval), now) for ep in req.episodes]
@@ -124,11 +185,7 @@ def push(
         if is_eval:
             record_eval_episode(ctx, tx, target.eval_id, target.eval_policy, ep)
         else:
-            arrays = [
-                packed.get((i, j))
-                or PackedArrays.from_lists(t.tokens, t.loss_mask, t.logprobs, t.versions)
-                for j, t in enumerate(ep.trajectories)
-            ]
+            arrays = arrays_of[i]
             n_samples += _insert_samples(ctx, tx, ep, req.lease_id, arrays)
             if ctx.transcripts is not None:
                 ctx.transcripts.offer(tx, ep, arrays, roles, now)
@@ -139,6 +196,23 @@ def push(
     result = PushResult(accepted=True, samples=n_samples)
     storage.idempotency.remember(tx, key, "push", state.pack(result.model_dump()), now, body_digest)
     return result
+
+
+def end_refused_lease(ctx: Context, tx: Tx, node_id: str, lease_id: str) -> int:
+    """End ``node_id``'s lease ``lease_id`` after a refused push (released: its task goes back
+    to the queue now, not at a deadline heartbeats keep moving) and discard the episodes saved
+    in flight for its task, which the lease may have resumed; returns how many were discarded.
+    A lease of another node, or one not active, is left alone."""
+    lease = storage.leases.get(tx, lease_id)
+    if lease is None or lease.node_id != node_id or lease.state != "active":
+        return 0
+    storage.leases.mark_released(tx, lease_id)
+    discarded = storage.partials.count_of_task(tx, lease.task_id)
+    storage.partials.delete_of_task(tx, lease.task_id)
+    if not storage.leases.active_count_of_task(tx, lease.task_id):
+        storage.tasks.requeue(tx, lease.task_id)
+    ctx.wake_after_commit(tx)
+    return discarded
 
 
 def _episode_row(ep: Episode, req: TrajectoryPush, is_eval: bool, now: float) -> tuple:

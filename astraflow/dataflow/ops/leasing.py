@@ -10,6 +10,9 @@ data.
 
 from __future__ import annotations
 
+import json
+import logging
+
 from astraflow.dataflow import storage
 from astraflow.dataflow.errors import DataflowError, Invalid, NotFound
 from astraflow.dataflow.ops import adaptive, state
@@ -27,6 +30,8 @@ from astraflow.protocol import (
 )
 from astraflow.protocol.messages import NODE_METRIC_KEYS, Heartbeat
 
+log = logging.getLogger(__name__)
+
 #: A node's count of heartbeat metric keys dropped (not in NODE_METRIC_KEYS).
 DROPPED_METRIC_KEYS = "dropped_metric_keys"
 #: Counters the service keeps in a node's metrics (a heartbeat does not overwrite them).
@@ -40,13 +45,94 @@ UNBOUNDED_EPISODES = 1 << 30
 MAX_CANDIDATES = 20_000
 
 
+#: ``dataflow.lease_progress_s`` by default, in lease timeouts (see :func:`progress_bound`).
+PROGRESS_TIMEOUTS = 5.0
+
+#: The default per-node lease quota is never below this (see :func:`lease_quota`).
+DEFAULT_QUOTA_FLOOR = 64
+
+#: store meta key prefix of a throttled node (value: JSON ``{"until", "lease", "idle_s"}``)
+THROTTLE_KEY = "lease_throttle/"
+
+
+def progress_bound(ctx: Context) -> float:
+    """Longest a lease may go without progress (``dataflow.lease_progress_s``; None:
+    :data:`PROGRESS_TIMEOUTS` x ``lease_timeout_s``, 600 s by default: a whole group without a
+    save may take that long on an honest node).
+
+    Why: heartbeats renew every lease of a node, so a node that heartbeats but never pushes or
+    saves held its tasks forever (issue 48, finding 4: a run froze past the lease timeout). The
+    deadline a heartbeat sets is capped at this long after the lease's last push or accepted save
+    (:func:`storage.leases.progress_at`)."""
+    df = ctx.config.recipe.dataflow
+    bound = getattr(df, "lease_progress_s", None)
+    return float(bound) if bound is not None else PROGRESS_TIMEOUTS * ctx.config.lease_timeout_s
+
+
+def lease_quota(ctx: Context) -> int:
+    """Most active training leases one node may hold (``dataflow.max_leases_per_node``; None:
+    twice the groups a node of the recipe's ``rollout.concurrency`` runs at once, at least
+    :data:`DEFAULT_QUOTA_FLOOR`). Why: a node asking for 4,096 tasks took the whole task window,
+    and one that sat on them starved the pool. The floor keeps nodes that join with more
+    concurrency than the recipe's own from being held back by default."""
+    recipe = ctx.config.recipe
+    quota = getattr(recipe.dataflow, "max_leases_per_node", None)
+    if quota is not None:
+        return int(quota)
+    group = max(1, recipe.tasks.group_size)
+    return max(DEFAULT_QUOTA_FLOOR, 2 * -(-recipe.rollout.concurrency // group))
+
+
+def throttled(ctx: Context, tx: Tx, node_id: str) -> str | None:
+    """Why ``node_id`` gets no training lease now (None: it may): one of its leases expired
+    without progress (:func:`expire_overdue`) less than :func:`progress_bound` ago."""
+    raw = tx.get_meta(THROTTLE_KEY + node_id)
+    if raw is None:
+        return None
+    try:
+        info = json.loads(raw)
+        until = float(info["until"])
+    except (ValueError, KeyError, TypeError):
+        tx.delete_meta(THROTTLE_KEY + node_id)
+        return None
+    now = ctx.now()
+    if now >= until:
+        tx.delete_meta(THROTTLE_KEY + node_id)
+        return None
+    return (
+        f"node throttled for {until - now:.0f}s more: its lease {info.get('lease')!r} made no "
+        f"progress (no push, no accepted save) for {float(info.get('idle_s', 0)):.0f}s, past "
+        f"dataflow.lease_progress_s = {progress_bound(ctx):g}s, and was returned to the queue"
+    )
+
+
 def expire_overdue(ctx: Context, tx: Tx) -> int:
-    """Expire active leases past their deadline and put their unfinished tasks back."""
+    """Expire active leases past their deadline and put their unfinished tasks back.
+
+    A lease that expired because it made no progress for :func:`progress_bound` (its node may
+    well still heartbeat) also throttles its node for that long: a node that hoards leases gets
+    no new training work until the bound has passed again."""
     now = ctx.now()
     rows = storage.leases.overdue(tx, now)
     if not rows:
         return 0
     storage.leases.expire(tx, [r.id for r in rows])
+    bound = progress_bound(ctx)
+    for r in rows:
+        idle = now - r.progress_at
+        if idle >= bound:
+            info = {"until": now + bound, "lease": r.id, "idle_s": round(idle, 3)}
+            tx.set_meta(THROTTLE_KEY + r.node_id, json.dumps(info))
+            log.warning(
+                "lease %s of node %s made no progress for %.0fs (dataflow.lease_progress_s "
+                "%gs): task %s back in the queue, node throttled for %gs",
+                r.id,
+                r.node_id,
+                idle,
+                bound,
+                r.task_id,
+                bound,
+            )
     for task_id in {r.task_id for r in rows}:
         requeue_if_orphaned(tx, task_id)
     ctx.wake_after_commit(tx)
@@ -301,7 +387,18 @@ def _attempt(
     reason = None
     exhausted = ctx.feeder.exhausted(tx)
     if remaining > 0 and not state.training_done(tx, ctx.config, exhausted):
-        reason = _admission(ctx, req, latest)
+        reason = throttled(ctx, tx, req.node_id)
+        if reason is None:
+            held = storage.leases.active_training_of_node(tx, req.node_id)
+            quota = lease_quota(ctx)
+            remaining = min(remaining, quota - held)
+            if remaining <= 0:
+                reason = (
+                    f"node holds {held} active training lease(s), the most one node may hold "
+                    f"(dataflow.max_leases_per_node = {quota}); push or release them first"
+                )
+        if reason is None:
+            reason = _admission(ctx, req, latest)
         if reason is None:
             gate = ctx.mode.training_gate(tx, req)
             reason = gate.reason
@@ -356,7 +453,7 @@ def heartbeat(ctx: Context, tx: Tx, node_id: str, hb: Heartbeat) -> HeartbeatRep
     expire_overdue(ctx, tx)
     now = ctx.now()
     renewed = storage.leases.active_of_node(tx, node_id)
-    storage.leases.extend_node(tx, node_id, now + ctx.config.lease_timeout_s)
+    storage.leases.extend_node(tx, node_id, now + ctx.config.lease_timeout_s, progress_bound(ctx))
     lost = []
     for lease_id in hb.in_flight:
         held = storage.leases.with_task_state(tx, lease_id, node_id)

@@ -13,14 +13,27 @@ The rules (docs/elastic.md, "Episodes that survive a node's death"):
   policy's vocabulary and context (422 naming the field).
 - One row per (task, episode index): a newer save of that episode replaces the older one, whichever
   lease of the task made it.
+- A save is bound to what the service issued (issue 48, finding 3: nodes are untrusted, and the
+  node that resumes a save is another, honest one): its env state, where it names a task payload
+  (``env_state["task"]``, what every ``StateMixin`` env saves), must name the lease's own task
+  payload; no token may claim a weight version newer than the newest the service announced for
+  its policy; a finished episode's id must never have been pushed and be used by no other saved
+  episode of the task (a save reusing pushed ids made every push of the task's next lease fail,
+  for good: finding 1). A save that fails is refused whole (422 naming the field and what was
+  expected; counted in ``/status.refused``) and nothing of it is stored. Rewards are not
+  checked here: the node that resumes never carries them (``astraflow.rollout.node``).
 """
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 from astraflow.dataflow import storage
 from astraflow.dataflow.errors import Invalid
 from astraflow.dataflow.ops import leasing
 from astraflow.dataflow.ops.context import Context
+from astraflow.dataflow.ops.task_feeder import load_task
 from astraflow.dataflow.storage.store import Tx
 from astraflow.protocol import PartialPush, PartialResult
 
@@ -78,5 +91,97 @@ def save(ctx: Context, tx: Tx, req: PartialPush) -> PartialResult:
     problem = req.policy_problem(roles, ctx.policy_facts(tx))
     if problem is not None:
         raise Invalid(f"invalid PartialPush: {problem.field}: {problem.message}", problem.field)
+    check_binding(ctx, tx, req, target.task_id)
     storage.partials.save(tx, target.task_id, req.lease_id, req.node_id, req.partials, ctx.now())
     return PartialResult(accepted=True, stored=len(req.partials))
+
+
+def canonical(value: Any) -> str:
+    """A payload as comparable text (key order and tuple/list spelling aside)."""
+    return json.dumps(value, sort_keys=True, default=str, separators=(",", ":"))
+
+
+def future_version(
+    versions: Any, policy: str, latest: dict[str, int], field: str
+) -> Invalid | None:
+    """The 422 for token versions newer than the newest ``policy`` version the service
+    announced (None: fine, or nothing announced for it yet: then there is nothing to bound by).
+
+    Why: a token's version is what staleness is measured from; a push claiming v10^6 was never
+    stale and trained whatever it carried (issue 48, finding 8)."""
+    newest = latest.get(policy)
+    if newest is None or len(versions) == 0:
+        return None
+    claimed = int(max(versions))
+    if claimed <= newest:
+        return None
+    return Invalid(
+        f"{field} claims weight version {claimed} of policy {policy!r}; the newest version "
+        f"announced for it is {newest} (a version from the future was never generated)",
+        field,
+    )
+
+
+def check_binding(ctx: Context, tx: Tx, req: PartialPush, task_id: str) -> None:
+    """Raise :class:`Invalid` (422) unless every saved episode of ``req`` is bound to what the
+    service issued for lease ``req.lease_id`` (see the module's rules)."""
+    body = storage.leases.task_body(tx, req.lease_id)
+    payload = canonical(load_task(body).payload) if body is not None else None
+    latest = storage.versions.latest_versions(tx)
+    roles = ctx.config.roles
+    finished_ids: dict[str, int] = {}
+    for i, partial in enumerate(req.partials):
+        env_state = partial.env_state
+        if isinstance(env_state, dict) and "task" in env_state and payload is not None:
+            if canonical(env_state["task"]) != payload:
+                raise Invalid(
+                    f"partials.{i}.env_state.task is not the task payload of lease "
+                    f"{req.lease_id!r} (task {task_id!r}): a saved env state must be the state "
+                    "of the lease's own task",
+                    f"partials.{i}.env_state.task",
+                )
+        for j, traj in enumerate(partial.trajectories):
+            bad = future_version(
+                traj.versions,
+                roles.get(traj.role, ""),
+                latest,
+                f"partials.{i}.trajectories.{j}.versions",
+            )
+            if bad is not None:
+                raise bad
+        if partial.finished is not None:
+            for j, traj in enumerate(partial.finished.trajectories):
+                bad = future_version(
+                    traj.versions,
+                    roles.get(traj.role, ""),
+                    latest,
+                    f"partials.{i}.finished.trajectories.{j}.versions",
+                )
+                if bad is not None:
+                    raise bad
+            finished_ids[partial.finished.id] = i
+    if not finished_ids:
+        return
+    field = "partials.{}.finished.id"
+    if len(finished_ids) != sum(p.finished is not None for p in req.partials):
+        raise Invalid("two saved episodes of the push share one finished.id", "partials")
+    pushed = storage.episodes.existing(tx, list(finished_ids))
+    if pushed:
+        ep_id = min(pushed)  # name one, the same one each time
+        i = finished_ids[ep_id]
+        raise Invalid(
+            f"partials.{i}.finished.id {ep_id!r} was already pushed; a saved episode needs an "
+            "id never pushed before",
+            field.format(i),
+        )
+    by_index = {p.index for p in req.partials}
+    for row in storage.partials.of_task(tx, task_id):
+        if row.finished is None or row.index in by_index:
+            continue
+        if row.finished.id in finished_ids:
+            i = finished_ids[row.finished.id]
+            raise Invalid(
+                f"partials.{i}.finished.id {row.finished.id!r} is already the id of saved "
+                f"episode {row.index} of task {task_id!r}; each episode needs its own id",
+                field.format(i),
+            )

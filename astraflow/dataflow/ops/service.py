@@ -36,7 +36,12 @@ from astraflow.dataflow.ops.context import Context
 from astraflow.dataflow.ops.metrics import MetricsLog
 from astraflow.dataflow.ops.modes import RunMode
 from astraflow.dataflow.ops.rate_limits import NodeRateLimiter
-from astraflow.dataflow.ops.refusals import Refusals
+from astraflow.dataflow.ops.refusals import DISCARDED_SAVES, Refusals
+from astraflow.dataflow.ops.registration import (
+    RegistrationQuota,
+    namesakes_to_retire,
+    reap_idle,
+)
 from astraflow.dataflow.ops.task_feeder import TaskFeeder, TaskSource
 from astraflow.dataflow.policies import Pipeline, PolicyRegistry
 from astraflow.dataflow.storage.store import Store, Tx
@@ -61,6 +66,7 @@ from astraflow.protocol import (
     WeightVersion,
     new_id,
 )
+from astraflow.protocol.auth import ADMIN
 from astraflow.protocol.prometheus import ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -196,6 +202,7 @@ class DataflowService:
             burst=HEARTBEAT_BURST,
             max_nodes=2 * config.recipe.dataflow.max_nodes,
         )
+        self._registration_quota = RegistrationQuota()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
         self._sweeper: asyncio.Task | None = None
@@ -331,6 +338,11 @@ class DataflowService:
                         )
                 # expiry wakes parked lease requests through ctx.wake
                 await self.store.run(lambda tx: leasing.expire_overdue(self.ctx, tx))
+                # registrations silent past the idle bound leave (issue 48 #7)
+                reaped = await self.store.run(lambda tx: reap_idle(self.ctx, tx))
+                if reaped:
+                    self._end_parked(reaped)
+                    self._signal()
                 # the pool's size sets the heartbeat interval nodes are asked for
                 active = await self.store.run(storage.nodes.count_active)
                 self.ctx.pace_heartbeats(active)
@@ -355,16 +367,28 @@ class DataflowService:
                     failing_since = None
 
     # -- nodes --------------------------------------------------------------------------------
-    async def register(self, reg: NodeRegistration) -> NodeRegistered:
+    async def register(
+        self,
+        reg: NodeRegistration,
+        role: str | None = ADMIN,
+        node_key: str | None = None,
+        client: str | None = None,
+    ) -> NodeRegistered:
+        """Register a node. ``role``/``node_key``/``client``: the caller's token role, the
+        ``X-Node-Key`` it sent and its address (:mod:`.registration`: who may retire a
+        namesake, the registration quota); the default is an in-process admin caller."""
+        self._registration_quota.check(role, client)
+        presented_key = node_key
         replaced: list[str] = []
 
         def op(tx: Tx) -> NodeRegistered:
             now = self.ctx.now()
             replaced.clear()
+            replaced.extend(reap_idle(self.ctx, tx))  # stale registrations never lock out a node
             if reg.replace and reg.name:
                 interval = self.ctx.heartbeat_s or self.config.heartbeat_interval_s
                 silent_since = now - 2 * interval
-                for old in storage.nodes.silent_named(tx, reg.name, silent_since):
+                for old in namesakes_to_retire(tx, reg.name, silent_since, role, presented_key):
                     leasing.release_node(self.ctx, tx, old)
                     storage.nodes.mark_left(tx, old)
                     replaced.append(old)
@@ -391,8 +415,8 @@ class DataflowService:
 
         result = await self.store.run(op)
         self._end_parked(replaced)
-        if reg.replace:
-            self._signal()  # a replaced node's leases went back to the queue
+        if replaced:
+            self._signal()  # a replaced or reaped node's leases went back to the queue
         return result
 
     async def heartbeat(self, node_id: str, hb: Heartbeat) -> HeartbeatReply:
@@ -662,8 +686,17 @@ class DataflowService:
         return Ack(detail=f"{n} lease(s) returned to the queue")
 
     async def push(self, req: TrajectoryPush, packed: dict | None = None) -> PushResult:
+        """Ingest a push. A refusal for what conflicts with what the service issued
+        (``accepted=false``) ends the lease (:func:`.ingest.end_refused_lease`) and is counted in
+        ``/status.refused`` as ``409 POST /trajectories: FIELD`` (4xx answers are counted by the
+        HTTP layer)."""
         # a push that completed its task wakes the long polls through ctx.wake
-        return await self.store.run(lambda tx: ingest.push(self.ctx, tx, req, packed))
+        refused: dict = {}
+        result = await self.store.run(lambda tx: ingest.push(self.ctx, tx, req, packed, refused))
+        if "field" in refused:
+            self.refusals.count(409, "POST", "/trajectories", [refused["field"]])
+        self.refusals.note(DISCARDED_SAVES, refused.get("discarded_saves", 0))
+        return result
 
     async def save_partials(self, req: PartialPush) -> PartialResult:
         return await self.store.run(lambda tx: resuming.save(self.ctx, tx, req))

@@ -46,6 +46,20 @@ class LeaseTaskState(NamedTuple):
 class OverdueLease(NamedTuple):
     id: str
     task_id: str
+    node_id: str
+    #: the lease's last progress: when it was issued, or its latest push or accepted save
+    progress_at: float
+
+
+#: When a lease last made progress (an SQL expression over the lease table named ``lease``): its grant, its latest push
+#: (``episodes.created_at``, indexed by lease) or its latest save still kept (``partials``).
+#: Computed, not stored, so no push or save writes the lease row for it.
+def progress_at(lease: str = "leases") -> str:
+    return (
+        f"MAX({lease}.issued_at, "
+        f"COALESCE((SELECT MAX(e.created_at) FROM episodes e WHERE e.lease_id = {lease}.id), 0), "
+        f"COALESCE((SELECT MAX(p.saved_at) FROM partials p WHERE p.lease_id = {lease}.id), 0))"
+    )
 
 
 def insert(
@@ -94,7 +108,19 @@ def with_task_state(tx: Tx, lease_id: str, node_id: str) -> LeaseTaskState | Non
 def overdue(tx: Tx, now: float) -> list[OverdueLease]:
     """Active leases past their deadline."""
     return tx.rows(
-        OverdueLease, "SELECT id, task_id FROM leases WHERE state='active' AND deadline < ?", (now,)
+        OverdueLease,
+        f"SELECT l.id, l.task_id, l.node_id, {progress_at('l')} FROM leases l "
+        "WHERE l.state='active' AND l.deadline < ?",
+        (now,),
+    )
+
+
+def task_body(tx: Tx, lease_id: str) -> bytes | None:
+    """The stored task (``tasks.body``) of a lease: what the service issued with it."""
+    return tx.scalar(
+        "SELECT t.body FROM leases l JOIN tasks t ON t.id = l.task_id WHERE l.id=?",
+        (lease_id,),
+        None,
     )
 
 
@@ -122,11 +148,29 @@ def active_of_node(tx: Tx, node_id: str) -> list[str]:
     ]
 
 
-def extend_node(tx: Tx, node_id: str, deadline: float) -> None:
-    """Move the deadline of every active lease of ``node_id``."""
+def extend_node(tx: Tx, node_id: str, deadline: float, progress_s: float | None = None) -> None:
+    """Move the deadline of every active lease of ``node_id`` to ``deadline``, but (with
+    ``progress_s``) never past ``progress_s`` after the lease's last progress
+    (:func:`progress_at`): heartbeats alone cannot keep a lease that does nothing."""
+    if progress_s is None:
+        tx.execute(
+            "UPDATE leases SET deadline=? WHERE node_id=? AND state='active'",
+            (deadline, node_id),
+        )
+        return
     tx.execute(
-        "UPDATE leases SET deadline=? WHERE node_id=? AND state='active'",
-        (deadline, node_id),
+        f"UPDATE leases SET deadline = MAX(deadline, MIN(?, {progress_at()} + ?)) "
+        "WHERE node_id=? AND state='active'",
+        (deadline, progress_s, node_id),
+    )
+
+
+def active_training_of_node(tx: Tx, node_id: str) -> int:
+    """Active training (not evaluation) leases held by ``node_id`` (the per-node quota)."""
+    return tx.scalar(
+        "SELECT COUNT(*) FROM leases WHERE node_id=? AND state='active' AND is_eval=0",
+        (node_id,),
+        0,
     )
 
 

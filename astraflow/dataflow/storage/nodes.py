@@ -36,6 +36,18 @@ def silent_named(tx: Tx, name: str, silent_since: float) -> list[str]:
     ]
 
 
+def silent_since(tx: Tx, before: float, limit: int) -> list[str]:
+    """Up to ``limit`` active nodes with no sign of life since ``before``, longest silent first."""
+    return [
+        node_id
+        for (node_id,) in tx.execute(
+            "SELECT id FROM nodes WHERE state='active' AND last_heartbeat < ? "
+            "ORDER BY last_heartbeat LIMIT ?",
+            (before, limit),
+        ).fetchall()
+    ]
+
+
 def mark_left(tx: Tx, node_id: str) -> None:
     tx.execute("UPDATE nodes SET state='left' WHERE id=?", (node_id,))
 

@@ -48,6 +48,10 @@ def of_task(tx: Tx, task_id: str) -> list[PartialEpisode]:
     ]
 
 
+def count_of_task(tx: Tx, task_id: str) -> int:
+    return int(tx.scalar("SELECT COUNT(*) FROM partials WHERE task_id = ?", (task_id,), 0))
+
+
 def delete_of_task(tx: Tx, task_id: str) -> None:
     tx.execute("DELETE FROM partials WHERE task_id = ?", (task_id,))
 

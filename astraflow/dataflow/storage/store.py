@@ -277,6 +277,8 @@ def _migrate(conn: sqlite3.Connection) -> None:
     if "turn_rewards" not in sample_columns:  # per-turn rewards (JSON list), NULL: none kept
         conn.execute("ALTER TABLE samples ADD COLUMN turn_rewards TEXT")
     conn.execute("CREATE INDEX IF NOT EXISTS leases_in_flight ON leases (state, is_eval)")
+    # a heartbeat reads each of its leases' latest save (storage.leases.progress_at)
+    conn.execute("CREATE INDEX IF NOT EXISTS partials_by_lease ON partials (lease_id, saved_at)")
 
 
 #: bound parameters per ``IN (...)`` list: well below SQLite's cap on a statement's parameters

@@ -17,13 +17,17 @@ episode's own key to that episode's engines and a :class:`CallRecorder`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import json
 import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
@@ -45,28 +49,75 @@ from astraflow.rollout.engines.openai_tools import (
 from astraflow.tools.chat import render_chat
 from astraflow.tools.parsers import ToolParser, get_tool_parser, turn_text
 
+#: Bounds of the sampling values a request may send (see :class:`_Body`).
+MAX_TEMPERATURE = 100.0
+MAX_SEED = 2**63 - 1
+MAX_TOKENS = 1 << 20
+MAX_STOPS = 64
+MAX_STOP_CHARS = 1024
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one request and one client may ask of the server (issue 48 #6).
+
+    Why: ``astraflow serve policy`` may face clients it does not trust. Without limits a 16 MiB
+    prompt peaked at 3.6 GB while being tokenized, and one ``n=256`` request made a normal
+    request wait 93.5 s. ``max_body_bytes``: larger bodies are 413 before they are read;
+    ``max_prompt_tokens``: longer prompts are 413 (None: the engine's ``max_context``, else
+    :data:`DEFAULT_MAX_PROMPT_TOKENS`); ``max_n``: completions per request; and
+    ``max_inflight_per_client``: completions (``n`` each) one client address may have running at
+    once, more are 429 (None: no limit, as for a rollout node's own gateway, whose one client is
+    the node's agent code).
+    """
+
+    max_body_bytes: int = 4 << 20
+    max_prompt_tokens: int | None = None
+    max_n: int = 16
+    max_inflight_per_client: int | None = None
+
+
+#: Prompt-token limit when neither the server nor the engine names one.
+DEFAULT_MAX_PROMPT_TOKENS = 32768
+
 
 class _Body(BaseModel):
     # Clients send many OpenAI fields that change nothing here (user, metadata, store, ...):
     # accept them; the ones that would change the reply are refused (``refuse_unsupported``).
     model_config = ConfigDict(extra="allow")
 
+    # Every sampling value is bounded here, per request: the engines batch concurrent requests,
+    # so a value that fails inside a batch (``seed: 2**100`` overflowed torch's generator) failed
+    # every other client's generation in it (issue 48 #6). Out of range is a 422 naming the field
+    # and the range; ``n`` above the server's ``max_n`` is a 400 naming it.
     model: str
     n: int = Field(1, ge=1, le=256)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(None, max_length=MAX_STOPS)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
     ignore_eos: bool = False
     return_token_ids: bool = False
     stream: bool = False
     stream_options: dict[str, Any] | None = None
 
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings, got {len(stops)}")
+        if any(len(x) > MAX_STOP_CHARS for x in stops):
+            raise ValueError(f"a stop string has at most {MAX_STOP_CHARS} characters")
+        return stop
+
 
 class CompletionRequest(_Body):
-    prompt: str | list[int] = Field(..., description="text, or a list of token ids")
-    max_tokens: int = Field(16, ge=1)
+    prompt: str | list[Annotated[int, Field(ge=0)]] = Field(
+        ..., description="text, or a list of token ids"
+    )
+    max_tokens: int = Field(16, ge=1, le=MAX_TOKENS)
     logprobs: int | None = Field(None, ge=0, le=1)
 
 
@@ -112,8 +163,8 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Body):
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     logprobs: bool = False
     tools: list[ToolSpec] | None = None
     tool_choice: ToolChoice | None = None
@@ -274,9 +325,12 @@ def create_app(
     router: Router | None = None,
     title: str | None = None,
     tool_parser: str = "auto",
+    limits: ServerLimits | None = None,
 ) -> FastAPI:
     """A FastAPI app serving ``engine`` under ``model_name`` behind ``api_key``, or whatever
-    ``router`` resolves; ``endpoints`` picks the generation routes."""
+    ``router`` resolves; ``endpoints`` picks the generation routes; ``limits`` bound what one
+    request and one client may ask (:class:`ServerLimits`)."""
+    limits = limits or ServerLimits()
     if router is None:
         if engine is None or not model_name:
             raise ValueError("give an engine and its model_name, or a router")
@@ -286,6 +340,64 @@ def create_app(
         raise ValueError(f"unknown endpoints {sorted(unknown)}; expected 'completions' or 'chat'")
     app = FastAPI(title=title or f"AstraFlow OpenAI-compatible server ({model_name or 'router'})")
     _openai_errors(app)
+    app.add_middleware(_BodyLimit, max_bytes=limits.max_body_bytes)
+    # Tokenizing and rendering run on this thread, never on the event loop: an 8 MiB prompt
+    # kept the loop (and /healthz) for 14.6 s. One thread: tokenizers are not all thread-safe.
+    tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="openai-tokenize")
+    inflight: dict[str, int] = {}
+
+    async def off_loop(fn, *args, **kwargs):
+        return await asyncio.get_running_loop().run_in_executor(
+            tokenize_pool, functools.partial(fn, *args, **kwargs)
+        )
+
+    def check_prompt(route: Route, prompt_ids: list[int], params: SamplingParams) -> None:
+        """413 for a prompt over the limit; 400 for token ids outside the vocabulary (an id
+        the model cannot embed failed the whole batch it was in)."""
+        engine_limit = getattr(route.engine, "max_context", None)
+        limit = limits.max_prompt_tokens or engine_limit or DEFAULT_MAX_PROMPT_TOKENS
+        # a recording route bounds its conversation itself (a full one gets an empty reply)
+        if route.recorder is None and len(prompt_ids) > limit:
+            raise HTTPException(
+                413,
+                f"prompt has {len(prompt_ids)} tokens; this server accepts at most {limit} "
+                "(the model's context, or `serve policy --max-prompt-tokens`)",
+            )
+        vocab = _vocab_size(route.engine.tokenizer)
+        if vocab is not None:
+            for what, ids in (("prompt", prompt_ids), ("stop_token_ids", params.stop_token_ids)):
+                bad = next((t for t in ids if not 0 <= t < vocab), None)
+                if bad is not None:
+                    raise HTTPException(
+                        400, f"{what}: token id {bad} is outside the vocabulary 0..{vocab - 1}"
+                    )
+
+    @contextlib.contextmanager
+    def client_share(request: Request, n: int):
+        """Count ``n`` completions against the client's in-flight limit while they run."""
+        if n > limits.max_n:
+            raise HTTPException(
+                400, f"n is {n}; this server accepts 1..{limits.max_n} (`serve policy --max-n`)"
+            )
+        cap = limits.max_inflight_per_client
+        host = request.client.host if request.client else "unknown"
+        if cap is not None and inflight.get(host, 0) + n > cap:
+            raise HTTPException(
+                429,
+                f"client {host} has {inflight.get(host, 0)} completions in flight and asked for "
+                f"{n} more; the limit is {cap} per client (`serve policy "
+                "--max-inflight-per-client`): retry when some have finished",
+                headers={"retry-after": "1"},
+            )
+        inflight[host] = inflight.get(host, 0) + n
+        try:
+            yield
+        finally:
+            left = inflight.get(host, 0) - n
+            if left > 0:
+                inflight[host] = left
+            else:
+                inflight.pop(host, None)
 
     def authorize(request: Request) -> Any:
         header = request.headers.get("authorization", "")
@@ -379,13 +491,15 @@ def create_app(
     if "completions" in endpoints:
 
         @app.post("/v1/completions")
-        async def completions(body: CompletionRequest, caller: Any = Depends(authorize)):
+        async def completions(
+            body: CompletionRequest, request: Request, caller: Any = Depends(authorize)
+        ):
             refuse_unsupported(body)
             route = resolve(caller, body.model)
             check_recordable(route, body)
             tokenizer = route.engine.tokenizer
             if isinstance(body.prompt, str):
-                prompt_ids = tokenizer.encode(body.prompt)
+                prompt_ids = await off_loop(tokenizer.encode, body.prompt)
             else:
                 prompt_ids = list(body.prompt)
             if route.recorder is not None:
@@ -394,7 +508,9 @@ def create_app(
                 )
             given_max = "max_tokens" in body.model_fields_set or route.defaults is None
             params = _params(body, route, body.max_tokens if given_max else None)
-            gens = await generate(route, body.model, prompt_ids, params)
+            check_prompt(route, prompt_ids, params)
+            with client_share(request, params.n):
+                gens = await generate(route, body.model, prompt_ids, params)
             texts = [_text(tokenizer, gen, params.stop) for gen in gens]
             if route.recorder is not None:
                 for gen, text in zip(gens, texts, strict=True):
@@ -428,12 +544,14 @@ def create_app(
             envelope = _envelope("text_completion", body.model, choices, prompt_ids, gens)
             if not body.stream:
                 return envelope
-            return _sse(_completion_chunks(tokenizer, body, envelope, gens, texts))
+            # decoding every prefix of a long completion is work: off the loop too
+            chunks = await off_loop(_completion_chunks, tokenizer, body, envelope, gens, texts)
+            return _sse(chunks)
 
     if "chat" in endpoints:
 
         @app.post("/v1/chat/completions")
-        async def chat(body: ChatRequest, caller: Any = Depends(authorize)):
+        async def chat(body: ChatRequest, request: Request, caller: Any = Depends(authorize)):
             refuse_unsupported(body)
             route = resolve(caller, body.model)
             check_recordable(route, body)
@@ -443,14 +561,14 @@ def create_app(
                 body.tools, body.tool_choice, body.parallel_tool_calls, parser_of(route)
             )
             try:
-                text = render_chat(
-                    tokenizer, messages, tools=plan.tools, add_generation_prompt=True
+                text = await off_loop(
+                    render_chat, tokenizer, messages, tools=plan.tools, add_generation_prompt=True
                 )
             except Exception as exc:  # noqa: BLE001 - template errors are the client's
                 raise HTTPException(
                     400, f"cannot render messages with the chat template: {exc}"
                 ) from exc
-            prompt_ids = tokenizer.encode(text, add_special_tokens=False)
+            prompt_ids = await off_loop(tokenizer.encode, text, add_special_tokens=False)
             if route.recorder is not None:
                 prompt_ids = recorded(
                     route.recorder.chat_prompt, body.model, messages, prompt_ids, plan.tools
@@ -460,7 +578,9 @@ def create_app(
             params = _params(body, route, body.max_completion_tokens or body.max_tokens)
             if route.defaults is None and not (body.max_completion_tokens or body.max_tokens):
                 params = replace(params, max_tokens=256)
-            gens = await generate(route, body.model, prompt_ids, params)
+            check_prompt(route, prompt_ids, params)
+            with client_share(request, params.n):
+                gens = await generate(route, body.model, prompt_ids, params)
             choices = []
             for i, gen in enumerate(gens):
                 if plan.active:
@@ -494,7 +614,7 @@ def create_app(
             envelope = _envelope("chat.completion", body.model, choices, prompt_ids, gens)
             if not body.stream:
                 return envelope
-            return _sse(_chat_chunks(tokenizer, body, envelope, gens))
+            return _sse(await off_loop(_chat_chunks, tokenizer, body, envelope, gens))
 
     return app
 
@@ -503,8 +623,78 @@ _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    413: "invalid_request_error",
     422: "invalid_request_error",
+    429: "rate_limit_error",
 }
+
+
+def _vocab_size(tokenizer: Any) -> int | None:
+    """Token ids the tokenizer knows (added tokens included), or None when it does not say."""
+    try:
+        return int(len(tokenizer))
+    except TypeError:
+        size = getattr(tokenizer, "vocab_size", None)
+        return int(size) if isinstance(size, int) else None
+
+
+class _BodyLimit:
+    """413 for a request body over ``max_bytes``, in OpenAI's error shape, before it is read:
+    from ``Content-Length`` at once, and for a body without one (chunked) as soon as what
+    arrived passes the limit. A pure ASGI middleware, so nothing buffers a body first."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self, size: str) -> Any:
+        from fastapi.responses import JSONResponse
+
+        message = (
+            f"request body of {size} exceeds the limit of {self.max_bytes} bytes "
+            "(`serve policy --max-body-mb`)"
+        )
+        error = {"message": message, "type": "invalid_request_error", "param": None, "code": 413}
+        return JSONResponse({"error": error}, status_code=413)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or ()).get(b"content-length")
+        if length is not None:
+            try:
+                n = int(length)
+            except ValueError:
+                n = -1
+            if n > self.max_bytes:
+                await self._too_large(f"{n} bytes")(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+            return
+        # no Content-Length: read the body here, up to the limit, then hand it on
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self._too_large(f"more than {self.max_bytes} bytes")(scope, receive, send)
+                return
+            if not message.get("more_body"):
+                break
+        body, sent = b"".join(chunks), False
+
+        async def replay() -> dict:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
 def _openai_errors(app: FastAPI) -> None:
@@ -523,7 +713,9 @@ def _openai_errors(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return body(exc.status_code, str(exc.detail))
+        reply = body(exc.status_code, str(exc.detail))
+        reply.headers.update(exc.headers or {})  # a 429's retry-after
+        return reply
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

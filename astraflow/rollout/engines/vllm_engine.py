@@ -126,6 +126,66 @@ def _option_value(args: list[str], option: str) -> str | None:
     return None
 
 
+def vllm_server_command(
+    python: str,
+    model_dir: str | Path,
+    *,
+    host: str,
+    port: int,
+    served_model_name: str = "policy",
+    api_key: str | None = None,
+    dtype: str = "auto",
+    max_model_len: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    tensor_parallel_size: int | None = None,
+    enable_prefix_caching: bool | None = None,
+    max_num_seqs: int | None = None,
+    quantization: str | None = None,
+    enforce_eager: bool = False,
+    extra_server_args: Sequence[str] = (),
+    priority_scheduling: bool = True,
+    adapters: Sequence[AdapterSpec] = (),
+) -> list[str]:
+    """The command line of the vLLM server the engine starts: every declared server argument
+    (:data:`~astraflow.rollout.engines.args.VLLM_SERVER_FLAGS`) as its flag, then the
+    pass-through ``extra_server_args``. A function of its own so that what a recipe's settings
+    become can be shown (the launch plan) and tested without starting vLLM. ``None`` leaves a
+    flag to vLLM's default."""
+    cmd = [
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir),
+        "--served-model-name", served_model_name,
+        "--host", host,
+        "--port", str(port),
+        "--dtype", dtype,
+        "--logprobs-mode", "processed_logprobs",
+    ]  # fmt: skip
+    extra = list(extra_server_args)
+    if max_model_len is not None:
+        cmd += ["--max-model-len", str(max_model_len)]
+    if gpu_memory_utilization is not None:
+        cmd += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
+    if tensor_parallel_size is not None:
+        cmd += ["--tensor-parallel-size", str(tensor_parallel_size)]
+    if enable_prefix_caching is not None:
+        cmd.append(
+            "--enable-prefix-caching" if enable_prefix_caching else "--no-enable-prefix-caching"
+        )
+    if max_num_seqs is not None:
+        cmd += ["--max-num-seqs", str(max_num_seqs)]
+    if quantization is not None:
+        cmd += ["--quantization", quantization]
+    if enforce_eager:
+        cmd.append("--enforce-eager")
+    if api_key:
+        cmd += ["--api-key", api_key]
+    if priority_scheduling and _option_value(extra, "--scheduling-policy") is None:
+        cmd += list(PRIORITY_POLICY_ARGS)
+    if adapters and "--enable-lora" not in extra:
+        cmd += lora_server_args(adapters)
+    return cmd + extra
+
+
 def _kill_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
     """Stop the server and every process it spawned (engine core, workers): its process group."""
     if proc.poll() is not None:
@@ -149,8 +209,12 @@ class VllmEngine:
         base_url: attach to a running server instead of starting one; weight updates then write to
             ``model`` itself, which must be the directory the server loaded.
         served_model_name: the ``model`` name sent with each request.
-        dtype, max_model_len, extra_args: passed to the server (``--dtype`` ...); ``extra_args`` is a
-            list of further command-line arguments, e.g. ``["--enforce-eager"]``.
+        dtype, max_model_len, gpu_memory_utilization, tensor_parallel_size,
+            enable_prefix_caching, max_num_seqs, quantization, enforce_eager: the server's flags
+            of the same names (``--dtype`` ...; see :func:`vllm_server_command`); None: vLLM's
+            default.
+        extra_server_args: further ``vllm serve`` arguments, appended as written, e.g.
+            ``["--swap-space", "8"]``; ``extra_args`` is its older name (both are appended).
         env: extra environment for the server (e.g. ``{"VLLM_CPU_KVCACHE_SPACE": "1"}``).
         workdir: where the served copy of the checkpoint and the server log go (default: a temp dir).
         startup_timeout: seconds to wait for ``/health``.
@@ -173,7 +237,14 @@ class VllmEngine:
         port: int | None = None,
         dtype: str = "auto",
         max_model_len: int | None = None,
-        extra_args: list[str] | tuple[str, ...] = (),
+        gpu_memory_utilization: float | None = None,
+        tensor_parallel_size: int | None = None,
+        enable_prefix_caching: bool | None = None,
+        max_num_seqs: int | None = None,
+        quantization: str | None = None,
+        enforce_eager: bool = False,
+        extra_server_args: Sequence[str] = (),
+        extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         api_key: str | None = None,
         workdir: str | Path | None = None,
@@ -194,6 +265,7 @@ class VllmEngine:
         self.version = version
         self.served_model_name = served_model_name
         self.startup_timeout = startup_timeout
+        extra_args = [*extra_server_args, *extra_args]
         if priority_scheduling is None:  # started here: unless extra_args name another policy
             asked = _option_value(list(extra_args), "--scheduling-policy")
             priority_scheduling = base_url is None and asked in (None, "priority")
@@ -239,35 +311,16 @@ class VllmEngine:
             port = port or free_port(host)
             self.base_url = f"http://{host}:{port}"
             self.log_path = workdir / "vllm-server.log"
-            cmd = [
-                python,
-                "-m",
-                "vllm.entrypoints.openai.api_server",
-                "--model",
-                str(self.model_dir),
-                "--served-model-name",
-                served_model_name,
-                "--host",
-                host,
-                "--port",
-                str(port),
-                "--dtype",
-                dtype,
-                "--logprobs-mode",
-                "processed_logprobs",
-            ]
-            if max_model_len is not None:
-                cmd += ["--max-model-len", str(max_model_len)]
-            if api_key:
-                cmd += ["--api-key", api_key]
-            if (
-                self.priority_scheduling
-                and _option_value(list(extra_args), "--scheduling-policy") is None
-            ):
-                cmd += list(PRIORITY_POLICY_ARGS)
-            if adapters and "--enable-lora" not in extra_args:
-                cmd += lora_server_args(adapters)
-            cmd += list(extra_args)
+            cmd = vllm_server_command(
+                python, self.model_dir, host=host, port=port,
+                served_model_name=served_model_name, api_key=api_key, dtype=dtype,
+                max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+                tensor_parallel_size=tensor_parallel_size,
+                enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
+                quantization=quantization, enforce_eager=enforce_eager,
+                extra_server_args=extra_args, priority_scheduling=self.priority_scheduling,
+                adapters=adapters,
+            )  # fmt: skip
             server_env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(env or {})}
             if adapters:
                 server_env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")

@@ -82,6 +82,13 @@ class TurnRecorder:
         else:
             self.run_rewards[run] += float(reward)
 
+    def forget_rewards(self) -> None:
+        """Credit every turn so far no reward: the turns of a resumed save were scored by the
+        node that saved them, whose word is not taken (untrusted nodes; see
+        :func:`resume_saved`)."""
+        self.run_rewards = [0.0] * len(self.run_rewards)
+        self._pending = 0.0
+
     def state(self) -> dict[str, Any]:
         """What :meth:`restore` needs besides the trajectory (plain JSON)."""
         return {
@@ -245,8 +252,9 @@ async def save_turn(
 
 
 def _read_state(state: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:
-    """``single_agent``'s own part of a save: the turn rewards so far and the last env info."""
-    return [float(r) for r in state["turn_rewards"]], dict(state.get("info") or {})
+    """``single_agent``'s own part of a save: one (zero) reward per saved turn, the saved
+    rewards themselves not carried (see :func:`resume_saved`), and the last env info."""
+    return [0.0 for _ in state["turn_rewards"]], dict(state.get("info") or {})
 
 
 async def resume_saved(
@@ -256,7 +264,14 @@ async def resume_saved(
     back into its saved state; None when there is nothing to resume (or it cannot be: an env
     without ``load_state_dict``, a malformed save, including a ``KeyError``, ``TypeError`` or
     ``ValueError`` from the workflow's own ``read``), and the episode starts afresh. Shared by the
-    resumable workflows (``single_agent``, ``tool_agent``)."""
+    resumable workflows (``single_agent``, ``tool_agent``).
+
+    Rewards are never carried: the saved turns are credited no reward (the recorder's
+    :meth:`~TurnRecorder.forget_rewards`, and each workflow's ``read`` zeroes its own), so every
+    reward of the episode comes from this node's env. Why: the save was written by another node,
+    and nodes are untrusted (issue 48, finding 3: forged turn rewards of 3.0 trained where the
+    env scores 0 or 1). The cost: an env that rewards turns before the last one (a
+    ``format_reward``) loses those turns' rewards on a resumed episode."""
     partial = saver.resume if saver is not None else None
     if partial is None or partial.finished is not None:
         return None
@@ -267,6 +282,7 @@ async def resume_saved(
         (traj,) = partial.trajectories
         state = partial.workflow_state
         rec = TurnRecorder.restore(traj, state["recorder"])
+        rec.forget_rewards()
         own = read(state)
         await env.load_state_dict(partial.env_state)
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:

@@ -190,8 +190,9 @@ def _read_state(state: dict[str, Any]):
     system = state["system"]
     if system is not None and not isinstance(system, str):
         raise TypeError(f"saved system prompt must be a string, got {type(system).__name__}")
+    float(state["total_reward"])  # checked, not carried: rewards come from this node's env
     return (
-        float(state["total_reward"]),
+        0.0,
         int(state["tool_calls"]),
         tools,
         system,
