@@ -4,10 +4,10 @@ Real `astraflow train` runs on the CPU (real services, real episodes on the buil
 policy), each broken the way a new user breaks one:
 
 - constant reward: answers the policy can never write, so the zero-variance filter drops every
-  group (reward 0.0 everywhere);
-- an OpenAI-SDK agent that asks for a model that is no role: every call is answered 404.
+  group (reward 0.0 everywhere): without the stall check it sat at step 0 until ``--timeout``.
 
-Without the stall check each of these sat at step 0 until ``--timeout``.
+Mistakes the pre-flight finds (a misspelt workflow, env or model; an agent asking for a model
+that is no role) are refused before any service starts, in seconds.
 """
 
 from __future__ import annotations
@@ -131,7 +131,10 @@ def test_a_misspelt_workflow_env_or_model_is_refused_before_start(tmp_path, chan
     assert took < 15 and not (tmp_path / "runs").exists()
 
 
-def test_agent_asking_for_an_unknown_model_stops_with_the_404(tmp_path):
+@pytest.mark.refused_before_start
+def test_agent_asking_for_an_unknown_model_is_refused_before_start(tmp_path):
+    """An OpenAI-SDK agent that asks for a model that is no role: every call was answered 404
+    until the stall check; the pre-flight reads the agent's model names and refuses the run."""
     agent = tmp_path / "agent.py"
     agent.write_text(
         "async def run(client, task):\n"
@@ -140,7 +143,7 @@ def test_agent_asking_for_an_unknown_model_stops_with_the_404(tmp_path):
         "    return r.choices[0].message.content\n"
     )
     wf = f'name = "openai_agent"\nagent = {json.dumps(f"{agent}:run")}'
-    proc, _ = train(recipe(tmp_path, workflow=wf))
-    err = stopped_for(proc)
-    assert "episodes since the last step failed" in err and "gpt-4o-mini" in err
-    assert "failed episodes: episode_error" in proc.stdout or "failed episode_error" in proc.stdout
+    proc, took = train(recipe(tmp_path, workflow=wf))
+    err = " ".join(proc.stderr.split())
+    assert proc.returncode == 1 and "before start" in err and "gpt-4o-mini" in err, err[-2000:]
+    assert "workflow roles: agent" in err and took < 15
