@@ -1027,7 +1027,10 @@ def section_for(stem: str) -> Section:
     for s in SECTIONS:
         if s.stem == stem:
             return s
-    return Section(stem, f"`bench/{stem}.py`", "", render_generic)
+    # a bench's second mode writes NAME_MODE.json (weight_sync_scale: weight_sync.py --scale)
+    program = stem if (Path(__file__).parent / f"{stem}.py").exists() else stem.rsplit("_", 1)[0]
+    title = f"`bench/{program}.py`" + ("" if program == stem else f" ({stem.rsplit('_', 1)[1]})")
+    return Section(stem, title, "", render_generic)
 
 
 def load_results(results_dir: Path = RESULTS_DIR) -> dict[str, Json]:
