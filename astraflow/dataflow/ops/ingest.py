@@ -50,6 +50,25 @@ from astraflow.protocol import Episode, PushResult, TrajectoryPush
 from astraflow.protocol.advantages import reward_stats
 
 
+def future_version(
+    claimed: int | None, policy: str, latest: dict[str, int], field: str
+) -> Invalid | None:
+    """The 422 for tokens claiming weight version ``claimed``, newer than the newest ``policy``
+    version the service announced (None: fine, no tokens, or nothing announced for it yet: then
+    there is nothing to bound by). Pushes and saves both ask.
+
+    Why: a token's version is what staleness is measured from; a push claiming v10^6 was never
+    stale and trained whatever it carried (issue 48, finding 8)."""
+    newest = latest.get(policy)
+    if newest is None or claimed is None or int(claimed) <= newest:
+        return None
+    return Invalid(
+        f"{field} claims weight version {int(claimed)} of policy {policy!r}; the newest version "
+        f"announced for it is {newest} (a version from the future was never generated)",
+        field,
+    )
+
+
 def push_digest(req: TrajectoryPush, packed: dict[tuple[int, int], PackedArrays]) -> str:
     """The body digest of a push (its key aside), packed arrays included: a retry must match."""
     arrays = [b"".join(packed[k].stored()) for k in sorted(packed)]
@@ -168,15 +187,11 @@ def push(
     latest = storage.versions.latest_versions(tx)
     for i, ep in enumerate(req.episodes):
         for j, (t, a) in enumerate(zip(ep.trajectories, arrays_of[i], strict=True)):
-            newest = latest.get(roles[t.role])
-            if newest is not None and a.n_tokens and a.max_version > newest:
-                field = f"episodes.{i}.trajectories.{j}.versions"
-                raise Invalid(
-                    f"{field} claims weight version {a.max_version} of policy "
-                    f"{roles[t.role]!r}; the newest version announced for it is {newest} (a "
-                    "version from the future was never generated)",
-                    field,
-                )
+            claimed = a.max_version if a.n_tokens else None
+            field = f"episodes.{i}.trajectories.{j}.versions"
+            bad = future_version(claimed, roles[t.role], latest, field)
+            if bad is not None:
+                raise bad
     n_samples = 0
     storage.episodes.insert_many(
         tx, [_episode_row(ep, req, bool(is_eval), now) for ep in req.episodes]

@@ -33,6 +33,7 @@ from astraflow.dataflow import storage
 from astraflow.dataflow.errors import Invalid
 from astraflow.dataflow.ops import leasing
 from astraflow.dataflow.ops.context import Context
+from astraflow.dataflow.ops.ingest import future_version
 from astraflow.dataflow.ops.task_feeder import load_task
 from astraflow.dataflow.storage.store import Tx
 from astraflow.protocol import PartialPush, PartialResult
@@ -101,27 +102,6 @@ def canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str, separators=(",", ":"))
 
 
-def future_version(
-    versions: Any, policy: str, latest: dict[str, int], field: str
-) -> Invalid | None:
-    """The 422 for token versions newer than the newest ``policy`` version the service
-    announced (None: fine, or nothing announced for it yet: then there is nothing to bound by).
-
-    Why: a token's version is what staleness is measured from; a push claiming v10^6 was never
-    stale and trained whatever it carried (issue 48, finding 8)."""
-    newest = latest.get(policy)
-    if newest is None or len(versions) == 0:
-        return None
-    claimed = int(max(versions))
-    if claimed <= newest:
-        return None
-    return Invalid(
-        f"{field} claims weight version {claimed} of policy {policy!r}; the newest version "
-        f"announced for it is {newest} (a version from the future was never generated)",
-        field,
-    )
-
-
 def check_binding(ctx: Context, tx: Tx, req: PartialPush, task_id: str) -> None:
     """Raise :class:`Invalid` (422) unless every saved episode of ``req`` is bound to what the
     service issued for lease ``req.lease_id`` (see the module's rules)."""
@@ -140,25 +120,17 @@ def check_binding(ctx: Context, tx: Tx, req: PartialPush, task_id: str) -> None:
                     "of the lease's own task",
                     f"partials.{i}.env_state.task",
                 )
-        for j, traj in enumerate(partial.trajectories):
-            bad = future_version(
-                traj.versions,
-                roles.get(traj.role, ""),
-                latest,
-                f"partials.{i}.trajectories.{j}.versions",
-            )
-            if bad is not None:
-                raise bad
+        saved = [(f"partials.{i}.trajectories", partial.trajectories)]
         if partial.finished is not None:
-            for j, traj in enumerate(partial.finished.trajectories):
-                bad = future_version(
-                    traj.versions,
-                    roles.get(traj.role, ""),
-                    latest,
-                    f"partials.{i}.finished.trajectories.{j}.versions",
-                )
+            saved.append((f"partials.{i}.finished.trajectories", partial.finished.trajectories))
+        for prefix, trajectories in saved:
+            for j, traj in enumerate(trajectories):
+                policy = roles.get(traj.role, "")
+                claimed = max(traj.versions) if len(traj.versions) else None
+                bad = future_version(claimed, policy, latest, f"{prefix}.{j}.versions")
                 if bad is not None:
                     raise bad
+        if partial.finished is not None:
             finished_ids[partial.finished.id] = i
     if not finished_ids:
         return
