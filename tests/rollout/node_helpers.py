@@ -341,3 +341,51 @@ class DroppingProxy:
     def __exit__(self, *exc) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+
+
+def resume_until_done(url: str, token: str, store_call: Callable, policy: Any, max_turns: int):
+    """Run an in-process :class:`RolloutNode` (``single_agent`` over the math envs, ``policy`` as
+    role ``agent``) against the service at ``url`` until its one task is done, stop it, and
+    return the episodes of the lease that completed the task (``store_call``: the service's
+    ``store.call``, read directly)."""
+    from astraflow.envs import default_registry
+
+    from astraflow.protocol.client import DataflowClient
+    from astraflow.rollout.node import NodeSettings, RolloutNode
+    from astraflow.rollout.workflows import default_workflows
+
+    registry = default_registry()
+    state: dict = {}
+
+    def run_node() -> None:
+        async def main():
+            state["loop"] = asyncio.get_running_loop()
+            async with DataflowClient(url, token, retries=1) as dc:
+                state["node"] = RolloutNode(
+                    dc,
+                    {"policy": policy},
+                    default_workflows().get,
+                    lambda env_id, kw: registry.make(env_id, **kw),
+                    NodeSettings(
+                        concurrency=2,
+                        roles={"agent": "policy"},
+                        workflow_kwargs={"max_turns": max_turns},
+                        lease_wait_s=2.0,
+                        drain_timeout_s=5.0,
+                    ),
+                )
+                await state["node"].run()
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=run_node, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not any(t.state == "done" for t in store_call(history.tasks)):
+        assert time.monotonic() < deadline and thread.is_alive(), "the task never finished"
+        time.sleep(0.05)
+    state["loop"].call_soon_threadsafe(state["node"].request_stop)
+    thread.join(30)
+    assert not thread.is_alive()
+    (task,) = store_call(history.tasks)
+    return [e for e in store_call(history.episodes) if e.lease_id == task.winner]

@@ -13,22 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataflow"))
 
 from astraflow.envs import default_registry  # noqa: E402
 from dataflow_helpers import TOKEN, ThreadedService, make_recipe  # noqa: E402
+from node_helpers import resume_until_done  # noqa: E402
 
 from astraflow.dataflow.storage import history  # noqa: E402
 from astraflow.protocol import PartialEpisode  # noqa: E402
-from astraflow.protocol.client import DataflowClient, SyncDataflowClient  # noqa: E402
+from astraflow.protocol.client import SyncDataflowClient  # noqa: E402
 from astraflow.rollout.engines.base import SamplingParams  # noqa: E402
 from astraflow.rollout.engines.scripted import ScriptedEngine  # noqa: E402
 from astraflow.rollout.env_runner import EnvRunner  # noqa: E402
-from astraflow.rollout.node import NodeSettings, RolloutNode  # noqa: E402
 from astraflow.rollout.workflows import RolePolicy, default_workflows  # noqa: E402
 from astraflow.rollout.workflows.base import EpisodeSaver  # noqa: E402
 
@@ -95,44 +93,7 @@ def test_node_resumes_saved_episodes_of_a_handed_back_lease(tmp_path):
         client.release(dead, [lease.id])  # handed back (a drain), as an expiry would
 
         policy = _policy("beta", 9)
-        registry = default_registry()
-        state: dict = {}
-
-        def run_node() -> None:
-            async def main():
-                state["loop"] = asyncio.get_running_loop()
-                async with DataflowClient(svc.url, TOKEN, retries=1) as dc:
-                    state["node"] = RolloutNode(
-                        dc,
-                        {"policy": policy},
-                        default_workflows().get,
-                        lambda env_id, kw: registry.make(env_id, **kw),
-                        NodeSettings(
-                            concurrency=2,
-                            roles={"agent": "policy"},
-                            workflow_kwargs={"max_turns": MAX_TURNS},
-                            lease_wait_s=2.0,
-                            drain_timeout_s=5.0,
-                        ),
-                    )
-                    await state["node"].run()
-
-            asyncio.run(main())
-
-        thread = threading.Thread(target=run_node, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 60
-        while not any(t.state == "done" for t in svc.service.store.call(history.tasks)):
-            assert time.monotonic() < deadline and thread.is_alive(), "the task never finished"
-            time.sleep(0.05)
-        state["loop"].call_soon_threadsafe(state["node"].request_stop)
-        thread.join(30)
-        assert not thread.is_alive()
-
-        (task,) = svc.service.store.call(history.tasks)
-        episodes = [
-            e for e in svc.service.store.call(history.episodes) if e.lease_id == task.winner
-        ]
+        episodes = resume_until_done(svc.url, TOKEN, svc.service.store.call, policy, MAX_TURNS)
         assert len(episodes) == 2
         # episode 0 resumed at turn 2; episode 1 played again from the start, under a new id
         assert saved[1].finished.id not in {e.id for e in episodes}

@@ -12,19 +12,22 @@ played from the start (checked on the node too, whatever the service let through
 from __future__ import annotations
 
 import asyncio
-import threading
+import sys
 import time
+from pathlib import Path
 
 from astraflow.envs import default_registry
 from dataflow_helpers import TOKEN, ThreadedService, make_recipe
 
-from astraflow.dataflow.storage import history
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
+from node_helpers import resume_until_done  # noqa: E402
+
 from astraflow.protocol import Episode, Lease, PartialEpisode, Task, Trajectory
-from astraflow.protocol.client import DataflowClient, SyncDataflowClient
+from astraflow.protocol.client import SyncDataflowClient
 from astraflow.rollout.engines.base import SamplingParams
 from astraflow.rollout.engines.scripted import ScriptedEngine
 from astraflow.rollout.env_runner import EnvRunner
-from astraflow.rollout.node import NodeSettings, RolloutNode, trusted_saves
+from astraflow.rollout.node import trusted_saves
 from astraflow.rollout.workflows import RolePolicy, default_workflows
 from astraflow.rollout.workflows.base import EpisodeSaver
 
@@ -141,44 +144,7 @@ def test_an_honest_node_never_pushes_a_forged_finished_save(tmp_path):
         client.release(evil, [lease.id])
 
         policy = _policy("beta", 1)  # never right: every reward the env gives is 0
-        registry = default_registry()
-        state: dict = {}
-
-        def run_node() -> None:
-            async def main():
-                state["loop"] = asyncio.get_running_loop()
-                async with DataflowClient(svc.url, TOKEN, retries=1) as dc:
-                    state["node"] = RolloutNode(
-                        dc,
-                        {"policy": policy},
-                        default_workflows().get,
-                        lambda env_id, kw: registry.make(env_id, **kw),
-                        NodeSettings(
-                            concurrency=2,
-                            roles={"agent": "policy"},
-                            workflow_kwargs={"max_turns": MAX_TURNS},
-                            lease_wait_s=2.0,
-                            drain_timeout_s=5.0,
-                        ),
-                    )
-                    await state["node"].run()
-
-            asyncio.run(main())
-
-        thread = threading.Thread(target=run_node, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 60
-        while not any(t.state == "done" for t in svc.service.store.call(history.tasks)):
-            assert time.monotonic() < deadline and thread.is_alive(), "the task never finished"
-            time.sleep(0.05)
-        state["loop"].call_soon_threadsafe(state["node"].request_stop)
-        thread.join(30)
-        assert not thread.is_alive()
-
-        (task,) = svc.service.store.call(history.tasks)
-        episodes = [
-            e for e in svc.service.store.call(history.episodes) if e.lease_id == task.winner
-        ]
+        episodes = resume_until_done(svc.url, TOKEN, svc.service.store.call, policy, MAX_TURNS)
         assert len(episodes) == 2
         assert forged.id not in {e.id for e in episodes}
         assert [e.rewards for e in episodes] == [{"agent": 0.0}, {"agent": 0.0}]
