@@ -78,13 +78,13 @@ class DashboardSource:
     def series(self, records: list[dict] | None = None) -> dict[str, Any]:
         """The four headline figures (the policy table) and every figure, grouped (charts)."""
         from astraflow.launch.report import empty_panel_notes
-        from astraflow.launch.run_metrics import run_series
+        from astraflow.launch.run_metrics import errored_eval, run_series
 
         records = self.metrics() if records is None else records
         if not records:
             return {}
         out: dict[str, Any] = {"notes": empty_panel_notes(records), "policies": {}}
-        measured = [r for r in records if not _errored_eval(r)]  # all tasks errored: no accuracy
+        measured = [r for r in records if not errored_eval(r)]  # all tasks errored: no accuracy
         for key, kind, field in (
             ("reward", "step", "reward_mean"),
             ("accuracy", "eval", "accuracy"),
@@ -157,14 +157,6 @@ class DashboardSource:
             "turns": [turn.model_dump() for turn in transcript.turns],
             "roles": roles,
         }
-
-
-def _errored_eval(record: dict) -> bool:
-    """An evaluation in which every task errored measured nothing (not an accuracy of 0)."""
-    if record.get("type") != "eval":
-        return False
-    n, errors = record.get("n"), record.get("errors") or 0
-    return isinstance(n, int) and n > 0 and errors >= n
 
 
 def serve_dashboard(

@@ -107,6 +107,14 @@ def _number(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def errored_eval(record: dict) -> bool:
+    """An ``eval`` record in which every task errored: it measured nothing (not accuracy 0)."""
+    if record.get("type") != "eval":
+        return False
+    n, errors = _number(record.get("n")), _number(record.get("errors")) or 0.0
+    return n is not None and n > 0 and errors >= n
+
+
 def _step_figures(record: dict) -> Iterable[tuple[str, float]]:
     """Every numeric figure of one ``step`` record, with its series key."""
     for key, value in record.items():
@@ -175,9 +183,9 @@ def run_series(records: list[dict]) -> RunSeries:
     errored: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in evals:
         policy = str(r.get("policy", "policy"))
-        n, errors = _number(r.get("n")), _number(r.get("errors")) or 0.0
-        if n is not None and n > 0 and errors >= n:
-            errored[policy].append({"step": r["step"], "task_set": where(r), "errors": int(errors)})
+        if errored_eval(r):
+            errors = int(_number(r.get("errors")) or 0)
+            errored[policy].append({"step": r["step"], "task_set": where(r), "errors": errors})
             continue
         if (acc := _number(r.get("accuracy"))) is not None:
             key = f"accuracy/{where(r)}" if several else "accuracy"
